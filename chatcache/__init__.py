@@ -1,0 +1,29 @@
+"""chatcache: conversational chatbots on local Hugging Face models, with a hierarchical cache."""
+
+from .config import GenerationConfig, TokenTierConfig, default_data_dir
+from .engine import ChatEngine
+from .errors import ChatCacheError, ConfigError, InvalidMessageError, ModelNotFoundError, UnknownSessionError
+from .models import ChatModel, load_chat_model, load_embedder
+from .prompt import Message
+from .reply import Reply, ReplyStream, TurnStats
+from .token_tier import TokenTierStats
+
+__all__ = [
+    "ChatCacheError",
+    "ChatEngine",
+    "ChatModel",
+    "ConfigError",
+    "GenerationConfig",
+    "InvalidMessageError",
+    "Message",
+    "ModelNotFoundError",
+    "Reply",
+    "ReplyStream",
+    "TokenTierConfig",
+    "TokenTierStats",
+    "TurnStats",
+    "UnknownSessionError",
+    "default_data_dir",
+    "load_chat_model",
+    "load_embedder",
+]

@@ -1,0 +1,243 @@
+"""ChatEngine: answers a user turn by turn on a local model, serving what it can from its caches.
+
+One turn, top to bottom (`_run_turn`): check the message, lay out the prompt (system prompt,
+the turns that fit the context window, the new message), take the session's KV from the token
+tier, prefill only what it lacks, stream the reply, then record the turn and hand the KV back.
+A turn that fails leaves the session exactly as it was; a cancelled one keeps what was said.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .config import GenerationConfig, TokenTierConfig, default_data_dir
+from .errors import InvalidMessageError, UnknownSessionError
+from .generation import generate_tokens, prefill
+from .kv import kv_bytes_per_token
+from .models import ChatModel, load_chat_model
+from .prompt import Message, PromptRenderer, RenderedSegments
+from .reply import Reply, ReplyStream, TurnStats
+from .text_stream import TextStream
+from .token_tier import TokenTier, TokenTierStats
+
+
+@dataclass
+class _Session:
+    """A conversation in memory. `first_kept` is the oldest message still in the prompt."""
+
+    id: str
+    messages: list[Message] = field(default_factory=list)
+    first_kept: int = 0
+    segments: RenderedSegments = field(default_factory=RenderedSegments)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ChatEngine:
+    """A chatbot on a local Hugging Face model with a hierarchical cache.
+
+    Args:
+        model: "bundled" (SmolLM2-135M-Instruct, offline), a model id, a local path, or a loaded `ChatModel`.
+        system_prompt: the bot's instructions; their KV is computed once and shared by every session.
+        answer_cache: serve repeated questions from the answer cache (accepted; built by a later release).
+        drift: detect topic changes and drop stale context (accepted; built by a later release).
+        token_tier: KV reuse settings; by default 1 GiB in memory, cold sessions spilled under the data dir.
+        context_window: prompt plus reply limit in tokens; defaults to the model's.
+        device: where the model runs; defaults to CUDA when available.
+    """
+
+    def __init__(
+        self,
+        model: str | ChatModel = "bundled",
+        system_prompt: str | None = None,
+        answer_cache: bool = False,
+        drift: bool = False,
+        token_tier: TokenTierConfig | None = None,
+        context_window: int | None = None,
+        device: str | None = None,
+    ) -> None:
+        self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
+        self.system_prompt = system_prompt or None
+        self.answer_cache_enabled = answer_cache
+        self.drift_enabled = drift
+        self.renderer = PromptRenderer(self.chat_model.tokenizer)
+        self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)
+        hf_model = self.chat_model.model
+        config = token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv")
+        self.token_tier = TokenTier(
+            config,
+            model_config=hf_model.config,
+            bytes_per_token=kv_bytes_per_token(hf_model.config, hf_model.dtype),
+            prefill=lambda ids, cache: prefill(hf_model, ids, cache),
+            spill_identity=(self.chat_model.identity, self.renderer.template_hash),
+            device=hf_model.device,
+        )
+        eos = self.chat_model.tokenizer.eos_token_id
+        generation_eos = hf_model.generation_config.eos_token_id
+        self._eos_ids = {i for e in (eos, generation_eos) for i in (e if isinstance(e, list) else [e]) if i is not None}
+        self._system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
+        self._sessions: dict[str, _Session] = {}
+        self._sessions_lock = threading.Lock()
+
+    # -- public API -------------------------------------------------------------------
+
+    def chat(self, session_id: str, text: str, **generation: object) -> Reply:
+        """Answer `text` in `session_id` (created on first use) and return the whole reply."""
+        stream = self.stream(session_id, text, **generation)
+        for _ in stream:
+            pass
+        reply = stream.reply
+        assert reply is not None
+        return reply
+
+    def stream(
+        self,
+        session_id: str,
+        text: str,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: str | list[str] | tuple[str, ...] | None = None,
+        seed: int | None = None,
+    ) -> ReplyStream:
+        """Answer `text`, yielding text pieces as tokens are generated.
+
+        Raises (when iteration starts):
+            InvalidMessageError: empty text, or a message that cannot fit the context window.
+        """
+        params = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=tuple([stop] if isinstance(stop, str) else stop or ()),
+            seed=seed,
+        )
+        holder: list[Reply] = []
+        pieces = self._run_turn(session_id, self._check_text(text), params, holder)
+        return ReplyStream(pieces, lambda: holder[0] if holder else None)
+
+    def history(self, session_id: str) -> list[Message]:
+        """The session's messages, system prompt excluded, oldest first."""
+        return [m for m in self._session(session_id).messages if m.role != "system"]
+
+    def sessions(self) -> list[str]:
+        with self._sessions_lock:
+            return list(self._sessions)
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a session and release its cached KV (memory and disk)."""
+        with self._sessions_lock:
+            if self._sessions.pop(session_id, None) is None:
+                raise UnknownSessionError(f"unknown session {session_id!r}")
+        self.token_tier.drop(session_id)
+
+    def kv_stats(self) -> TokenTierStats:
+        return self.token_tier.stats()
+
+    # -- one turn ---------------------------------------------------------------------
+
+    def _check_text(self, text: str) -> str:
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidMessageError("The message is empty: type something to send.")
+        return text
+
+    def _session(self, session_id: str, create: bool = False) -> _Session:
+        with self._sessions_lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                if not create:
+                    raise UnknownSessionError(f"unknown session {session_id!r}")
+                system = [Message("system", self.system_prompt)] if self.system_prompt else []
+                session = self._sessions[session_id] = _Session(session_id, messages=system)
+            return session
+
+    def _run_turn(self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]) -> Iterator[str]:
+        started = time.perf_counter()
+        session = self._session(session_id, create=True)
+        with session.lock:
+            user = Message("user", text)
+            prompt, dropped = self._layout_prompt(session, user, params.max_new_tokens)
+            checkout = self.token_tier.checkout(session_id, prompt, self._system_ids, len(prompt) + params.max_new_tokens)
+            stats = TurnStats(
+                prompt_tokens=len(prompt),
+                reused_tokens=checkout.reused,
+                prefilled_tokens=len(prompt) - checkout.reused,
+                tier=checkout.tier,
+                dropped_turns=dropped,
+            )
+            generated: list[int] = []
+            entropies: list[float] = []
+            text_stream = TextStream(self.chat_model.tokenizer, params.stop)
+            stats.finish_reason = "cancelled"
+            try:
+                tokens = generate_tokens(
+                    self.chat_model.model, checkout.cache, prompt[checkout.reused:], params, self._eos_ids
+                )
+                for token in tokens:
+                    if not generated:
+                        stats.ttft_s = time.perf_counter() - started
+                    generated.append(token.token_id)
+                    entropies.append(token.entropy_bits)
+                    piece = text_stream.add(token.token_id)
+                    if piece:
+                        yield piece
+                    if text_stream.stopped:
+                        break
+                stats.finish_reason = self._finish_reason(generated, text_stream)
+                tail = text_stream.flush()
+                if tail:
+                    yield tail
+            except GeneratorExit:
+                pass  # the reader stopped reading: keep what was generated
+            except BaseException:
+                self.token_tier.release(session_id)  # the session stays exactly as it was
+                raise
+            if not generated:
+                self.token_tier.release(session_id)
+                return
+            stats.total_s = time.perf_counter() - started
+            stats.generated_tokens = len(generated)
+            decode_s = stats.total_s - stats.ttft_s
+            stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
+            stats.mean_entropy_bits = sum(entropies) / len(entropies)
+            # The KV covers the prompt and every reply token but the last, which was never fed.
+            session.messages += [user, Message("assistant", text_stream.text, tuple(generated))]
+            self.token_tier.checkin(session_id, prompt + generated[:-1], checkout.cache)
+            stats.kv_bytes = self.token_tier.resident_bytes()
+            holder.append(Reply(session_id, text_stream.text, generated, stats))
+
+    def _finish_reason(self, generated: list[int], text_stream: TextStream) -> str:
+        if text_stream.stopped:
+            return "stop"
+        if generated and generated[-1] in self._eos_ids:
+            return "eos"
+        return "length"
+
+    def _layout_prompt(self, session: _Session, user: Message, max_new_tokens: int) -> tuple[list[int], int]:
+        """Prompt ids for the session plus `user`, dropping the oldest whole turns that do not fit.
+
+        Dropped turns stay dropped on later turns, so the prompt's start stays stable and the
+        token tier keeps reusing it. The system prompt is never dropped.
+        """
+        room = self.context_window - max_new_tokens
+        system = session.messages[:1] if self.system_prompt else []
+        alone = self.renderer.conversation_ids([*system, user], RenderedSegments())
+        if len(alone) > room:
+            raise InvalidMessageError(
+                f"The message is {len(alone) - len(self._system_ids)} tokens; with the system prompt "
+                f"({len(self._system_ids)} tokens) and {max_new_tokens} reply tokens it exceeds the "
+                f"context window of {self.context_window}. Shorten it or lower max_new_tokens."
+            )
+        first_kept = max(session.first_kept, len(system))
+        while True:
+            window = [*system, *session.messages[first_kept:], user]
+            prompt = self.renderer.conversation_ids(window, session.segments)
+            if len(prompt) <= room:
+                break
+            first_kept += 2  # one user message and its reply
+            session.segments.ids.clear()
+        if first_kept != session.first_kept:
+            session.first_kept = first_kept
+        return prompt, (first_kept - len(system)) // 2

