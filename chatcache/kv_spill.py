@@ -60,6 +60,7 @@ class SpillStore:
         self.int8 = int8
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
+        self.rejected = 0  # files found unusable and deleted
         directory.mkdir(parents=True, exist_ok=True)
 
     def path(self, session_id: str) -> Path:
@@ -103,6 +104,7 @@ class SpillStore:
             return self._read(path, device)
         except Exception as exc:  # noqa: BLE001 - any unreadable file means: recompute
             log.warning("Spilled KV %s is unusable (%s); the turn recomputes it", path.name, exc)
+            self.rejected += 1
             self.discard(session_id)
             return None
 

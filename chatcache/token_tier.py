@@ -174,6 +174,7 @@ class TokenTier:
             self._stats.resident_bytes = self.resident_bytes()
             self._stats.sessions_in_memory = len(self._sessions)
             self._stats.prefixes = len(self._prefixes)
+            self._stats.failed_restores = self._spill.rejected if self._spill is not None else 0
             return TokenTierStats(**{**self._stats.__dict__, "hits": dict(self._stats.hits)})
 
     def _evict_to_fit(self, keep: str | None) -> None:
@@ -198,8 +199,6 @@ class TokenTier:
         assert self._spill is not None
         spilled = self._spill.load(session_id, self._device)
         if spilled is None:
-            if self._spill.path(session_id).exists():
-                self._stats.failed_restores += 1
             return None
         self._spill.discard(session_id)  # memory is the copy of record again
         cache = kv.from_tensors(self._model_config, spilled.layers)  # type: ignore[arg-type]

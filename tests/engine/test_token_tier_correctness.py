@@ -1,0 +1,114 @@
+"""The token tier must never change what the model says: every turn is compared with a full recompute."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from chatcache import ChatEngine, TokenTierConfig
+from chatcache.generation import forward
+from chatcache.kv import new_cache
+
+SYSTEM = "You are a test bot that answers questions about bookings."
+TURNS = ["Hello there", "Book a table for two", "What about the weather in Paris?", "ok", "Transfer 200 dollars"]
+
+
+def engines(model, **tier):  # type: ignore[no-untyped-def]
+    cached = ChatEngine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(**tier))
+    uncached = ChatEngine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+    return cached, uncached
+
+
+def test_multi_turn_replies_equal_full_recompute(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    cached, uncached = engines(tiny_model)
+    for turn, text in enumerate(TURNS):
+        got = cached.chat("s", text, max_new_tokens=24)
+        want = uncached.chat("s", text, max_new_tokens=24)
+        assert got.token_ids == want.token_ids
+        assert want.stats.reused_tokens == 0
+        assert got.stats.prompt_tokens == want.stats.prompt_tokens
+        # The first turn reuses the shared system prompt, later ones the whole conversation so far.
+        assert got.stats.tier == ("prefix" if turn == 0 else "session")
+        assert got.stats.reused_tokens + got.stats.prefilled_tokens == got.stats.prompt_tokens
+    assert got.stats.reused_tokens > got.stats.prompt_tokens // 2
+
+
+def test_logits_at_reused_position_match_recompute(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, _ = engines(tiny_model)
+    engine.chat("s", "Hello there", max_new_tokens=12)
+    engine.chat("s", "Book a table", max_new_tokens=12)
+    entry = engine.token_tier._sessions["s"]
+    probe = [entry.ids[-1]]
+    reused = forward(tiny_model.model, probe, entry.cache)
+    full = forward(tiny_model.model, entry.ids + probe, new_cache(tiny_model.model.config))
+    assert torch.allclose(reused, full, atol=1e-4)
+
+
+def test_exact_full_hit_leaves_one_token_to_prefill(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, _ = engines(tiny_model)
+    engine.chat("s", "Hello there", max_new_tokens=8)
+    tier = engine.token_tier
+    ids = list(tier._sessions["s"].ids)
+    checkout = tier.checkout("s", ids, [], reserve_tokens=len(ids))
+    assert checkout.reused == len(ids) - 1
+    assert checkout.cache.get_seq_length() == len(ids) - 1
+    logits = forward(tiny_model.model, ids[-1:], checkout.cache)
+    full = forward(tiny_model.model, ids, new_cache(tiny_model.model.config))
+    assert torch.allclose(logits, full, atol=1e-4)
+
+
+def test_shared_prefix_is_never_changed_by_sessions(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, uncached = engines(tiny_model)
+    first = engine.chat("a", "Hello there", max_new_tokens=10)
+    (prefix,) = engine.token_tier._prefixes.values()
+    keys_before = [layer.keys.clone() for layer in prefix.cache.layers]
+    length_before = prefix.cache.get_seq_length()
+    second = engine.chat("b", "Hello there", max_new_tokens=10)
+    engine.chat("a", "Book a table", max_new_tokens=10)
+    assert second.stats.tier == "prefix"
+    assert second.stats.reused_tokens == len(engine._system_ids)
+    assert second.token_ids == first.token_ids == uncached.chat("x", "Hello there", max_new_tokens=10).token_ids
+    assert prefix.cache.get_seq_length() == length_before == len(prefix.ids)
+    for layer, before in zip(prefix.cache.layers, keys_before):
+        assert torch.equal(layer.keys, before)
+
+
+def test_sessions_in_parallel_threads_match_sequential(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, uncached = engines(tiny_model)
+    results: dict[str, list[list[int]]] = {}
+
+    def converse(session: str) -> None:
+        results[session] = [engine.chat(session, text, max_new_tokens=10).token_ids for text in TURNS[:3]]
+
+    threads = [threading.Thread(target=converse, args=(f"s{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    want = [uncached.chat("ref", text, max_new_tokens=10).token_ids for text in TURNS[:3]]
+    assert all(results[f"s{i}"] == want for i in range(4))
+
+
+def test_turns_of_one_session_are_serialized(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, _ = engines(tiny_model)
+    threads = [threading.Thread(target=engine.chat, args=("s", f"message {i}"), kwargs={"max_new_tokens": 8}) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    roles = [m.role for m in engine.history("s")]
+    assert roles == ["user", "assistant"] * 4
+    entry = engine.token_tier._sessions["s"]
+    assert entry.cache.get_seq_length() == len(entry.ids)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 5])
+def test_short_replies_keep_the_cache_consistent(tiny_model, max_new_tokens: int) -> None:  # type: ignore[no-untyped-def]
+    cached, uncached = engines(tiny_model)
+    for text in TURNS[:3]:
+        assert (
+            cached.chat("s", text, max_new_tokens=max_new_tokens).token_ids
+            == uncached.chat("s", text, max_new_tokens=max_new_tokens).token_ids
+        )
