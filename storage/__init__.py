@@ -1,0 +1,45 @@
+"""The session tier: chat sessions, their messages, facts and dialogue state, persisted.
+
+By default everything lives in one SQLite file, `chatcache.db`, in a data directory
+(`$CHATCACHE_DATA_DIR`, else `~/.local/share/chatcache`); any SQLAlchemy URL works too.
+
+    from storage import SessionStore
+
+    store = SessionStore.open()
+    session = store.get_or_create_session("s-42", user_id="ada", bot="travel")
+    store.append_message(session.id, "user", "Book me a train to Lyon", token_count=7)
+
+This package never imports the engine, dialogue or app layers.
+"""
+
+from storage.errors import (
+    SchemaVersionError,
+    SessionClosedError,
+    SessionExistsError,
+    StaleVersionError,
+    StorageBusyError,
+    StorageConfigError,
+    StorageError,
+    UnknownSessionError,
+)
+from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+from storage.store import DEFAULT_TTL, SessionStore
+
+__all__ = [
+    "DEFAULT_TTL",
+    "ChatSession",
+    "Fact",
+    "FactKind",
+    "Message",
+    "Role",
+    "SchemaVersionError",
+    "SessionClosedError",
+    "SessionExistsError",
+    "SessionStatus",
+    "SessionStore",
+    "StaleVersionError",
+    "StorageBusyError",
+    "StorageConfigError",
+    "StorageError",
+    "UnknownSessionError",
+]

@@ -1,0 +1,68 @@
+"""A migrated database handing out short transactions with storage errors.
+
+`SessionStore` holds one `Database` and never sees an engine, a pool or a driver error:
+opening migrates the schema, and every transaction turns "database is locked" into a
+`StorageBusyError` after rolling back, so a failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import URL
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage.engine import create_storage_engine, describe, is_busy
+from storage.errors import StorageBusyError, StorageConfigError
+from storage.migrations import migrate
+
+
+class Database:
+    """Connection pool and transactions for one database URL.
+
+    Args:
+        url: Any SQLAlchemy URL.
+        busy_timeout: Seconds a SQLite write waits for another writer.
+
+    Raises:
+        StorageConfigError: The URL is unusable or the database cannot be opened.
+        StorageBusyError: Another writer held the database during migration.
+        SchemaVersionError: The database was written by a newer schema.
+    """
+
+    def __init__(self, url: str | URL, busy_timeout: float) -> None:
+        self._engine = create_storage_engine(url, busy_timeout)
+        self.location = describe(self._engine.url)
+        # expire_on_commit=False: rows stay readable after commit, while records are built.
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        try:
+            self.schema_version = migrate(self._engine, self.location)
+        except OperationalError as exc:
+            self.close()
+            if is_busy(exc):
+                raise StorageBusyError(self.location) from exc
+            raise StorageConfigError(f"cannot open database {self.location}: {exc.orig}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """Yield a session in a transaction: committed on success, rolled back on error.
+
+        Raises:
+            StorageBusyError: Another writer held the lock past the busy timeout.
+        """
+        try:
+            with self._sessions.begin() as db:
+                yield db
+        except OperationalError as exc:
+            if is_busy(exc):
+                raise StorageBusyError(self.location) from exc
+            raise
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self._engine.dispose()

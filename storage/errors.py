@@ -1,0 +1,90 @@
+"""The errors the session tier raises, each naming what went wrong and where.
+
+Callers catch these instead of SQLAlchemy or driver exceptions, so the engine never has
+to know which database sits underneath. Every error derives from `StorageError`.
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class for every error raised by the session tier."""
+
+
+class StorageConfigError(StorageError):
+    """The database URL or data directory cannot be used."""
+
+
+class StorageBusyError(StorageError):
+    """Another writer held the database longer than the busy timeout.
+
+    The failed operation's transaction was rolled back, so nothing was half-written
+    and the caller may simply retry.
+    """
+
+    def __init__(self, location: str) -> None:
+        super().__init__(
+            f"database {location} is locked by another writer; nothing was written, retry later"
+        )
+        self.location = location
+
+
+class SchemaVersionError(StorageError):
+    """The database was written by a newer chatcache than this one."""
+
+    def __init__(self, location: str, found: int, supported: int) -> None:
+        super().__init__(
+            f"database {location} has schema version {found}, but this chatcache only "
+            f"understands up to version {supported}; upgrade chatcache or use another data dir"
+        )
+        self.location = location
+        self.found = found
+        self.supported = supported
+
+
+class UnknownSessionError(StorageError, KeyError):
+    """No session has the given id.
+
+    It is also a `KeyError`, so code that treats the store like a mapping keeps working.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would print only the repr of the id, with no explanation.
+        return f"unknown session {self.session_id!r}"
+
+
+class SessionExistsError(StorageError):
+    """A session id is already taken (by this user or another)."""
+
+    def __init__(self, session_id: str, detail: str = "already exists") -> None:
+        super().__init__(f"session {session_id!r} {detail}")
+        self.session_id = session_id
+
+
+class SessionClosedError(StorageError):
+    """A write was attempted on a session that has ended or expired."""
+
+    def __init__(self, session_id: str, status: str) -> None:
+        super().__init__(f"session {session_id!r} is {status}; start a new session to continue")
+        self.session_id = session_id
+        self.status = status
+
+
+class StaleVersionError(StorageError):
+    """The session's state changed since the caller read it (optimistic locking).
+
+    Re-read the session with `SessionStore.get_session` and apply the change again.
+    """
+
+    def __init__(self, session_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"session {session_id!r} is at version {actual}, not {expected}; "
+            "re-read it and retry the update"
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual

@@ -1,0 +1,154 @@
+"""Versioned schema migrations, applied in order when a store opens.
+
+Each step is a function of a connection; the steps that a database lacks run in one
+transaction and are recorded in `schema_version`, so a crash mid-upgrade leaves the
+previous schema intact. Steps are frozen once released: a step describes the schema as it
+was then, never by importing `storage.models`, so replaying history on a fresh database
+always ends at the same tables an old database is upgraded to. To change the schema, add a
+step and update the models to match.
+
+Deliberately not Alembic: a handful of forward-only steps needs no autogeneration,
+branching or downgrades.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.engine import Connection, Engine
+
+from storage.errors import SchemaVersionError
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: `apply` takes the database from `version - 1` to `version`."""
+
+    version: int
+    description: str
+    apply: Callable[[Connection], None]
+
+
+_bookkeeping = MetaData()
+schema_version_table = Table(
+    "schema_version",
+    _bookkeeping,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("description", String(200), nullable=False),
+    Column("applied_at", DateTime, nullable=False),
+)
+
+
+def _create_tables(conn: Connection) -> None:
+    """Version 1: sessions, messages and session facts."""
+    v1 = MetaData()
+    Table(
+        "sessions",
+        v1,
+        Column("id", String(128), primary_key=True),
+        Column("user_id", String(128), nullable=False),
+        Column("bot", String(128), nullable=False),
+        Column("title", String(200), nullable=True),
+        Column("status", String(16), nullable=False),
+        Column("version", Integer, nullable=False),
+        Column("state", JSON, nullable=False),
+        Column("created_at", DateTime, nullable=False),
+        Column("updated_at", DateTime, nullable=False),
+        Column("expires_at", DateTime, nullable=False),
+        Index("ix_sessions_updated_at", "updated_at"),
+        Index("ix_sessions_user_updated", "user_id", "updated_at"),
+        Index("ix_sessions_status_expires", "status", "expires_at"),
+    )
+    Table(
+        "messages",
+        v1,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column(
+            "session_id",
+            String(128),
+            ForeignKey("sessions.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        Column("seq", Integer, nullable=False),
+        Column("role", String(16), nullable=False),
+        Column("content", Text, nullable=False),
+        Column("token_count", Integer, nullable=False),
+        Column("created_at", DateTime, nullable=False),
+        Column("meta", JSON, nullable=True),
+        Index("ix_messages_session_seq", "session_id", "seq", unique=True),
+    )
+    Table(
+        "session_facts",
+        v1,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column(
+            "session_id",
+            String(128),
+            ForeignKey("sessions.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        Column("kind", String(16), nullable=False),
+        Column("name", String(128), nullable=False),
+        Column("value", Text, nullable=False),
+        Column("confidence", Float, nullable=False),
+        Column("source_turn", Integer, nullable=False),
+        Column("created_at", DateTime, nullable=False),
+        UniqueConstraint("session_id", "kind", "name", name="uq_session_facts_key"),
+    )
+    v1.create_all(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "create sessions, messages and session facts", _create_tables),
+)
+
+
+def migrate(engine: Engine, location: str) -> int:
+    """Bring the database up to the newest schema this code knows.
+
+    Args:
+        engine: Engine of the database to upgrade.
+        location: How to name the database in errors (a file path or a URL).
+
+    Returns:
+        The schema version the database is at afterwards.
+
+    Raises:
+        SchemaVersionError: The database was written by a newer schema than `MIGRATIONS`.
+    """
+    latest = MIGRATIONS[-1].version
+    with engine.begin() as conn:
+        _bookkeeping.create_all(conn)
+        current: int = conn.scalar(select(func.max(schema_version_table.c.version))) or 0
+        if current > latest:
+            raise SchemaVersionError(location, found=current, supported=latest)
+        for step in MIGRATIONS:
+            if step.version > current:
+                step.apply(conn)
+                conn.execute(
+                    insert(schema_version_table).values(
+                        version=step.version,
+                        description=step.description,
+                        applied_at=datetime.now(timezone.utc).replace(tzinfo=None),
+                    )
+                )
+    return max(current, latest)

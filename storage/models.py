@@ -1,0 +1,153 @@
+"""ORM tables of the session tier: sessions, their messages and their facts.
+
+These classes describe the *current* schema and are what the store queries. They never
+create tables: `storage.migrations` does, so that an existing database is upgraded step by
+step instead of being silently out of date. A test checks that the two agree.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores aware datetimes as naive UTC and hands them back aware.
+
+    SQLite has no time zones, so without this a value would come back naive and no
+    longer compare with `datetime.now(timezone.utc)`.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware datetime")
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base holding the session tier's metadata."""
+
+
+class SessionRow(Base):
+    """A row of `sessions`."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        Index("ix_sessions_updated_at", "updated_at"),
+        Index("ix_sessions_user_updated", "user_id", "updated_at"),
+        Index("ix_sessions_status_expires", "status", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(128))
+    bot: Mapped[str] = mapped_column(String(128))
+    title: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16))
+    version: Mapped[int] = mapped_column(Integer)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    def record(self) -> ChatSession:
+        """Copy this row into a value that outlives the database session."""
+        return ChatSession(
+            id=self.id,
+            user_id=self.user_id,
+            bot=self.bot,
+            title=self.title,
+            status=SessionStatus(self.status),
+            version=self.version,
+            state=dict(self.state),
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            expires_at=self.expires_at,
+        )
+
+
+class MessageRow(Base):
+    """A row of `messages`; the unique (session_id, seq) index also serves paging."""
+
+    __tablename__ = "messages"
+    __table_args__ = (Index("ix_messages_session_seq", "session_id", "seq", unique=True),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("sessions.id", ondelete="CASCADE")
+    )
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    token_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # none_as_null: no meta is SQL NULL, not the JSON text 'null'.
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+
+    def record(self) -> Message:
+        """Copy this row into a value that outlives the database session."""
+        return Message(
+            id=self.id,
+            session_id=self.session_id,
+            seq=self.seq,
+            role=Role(self.role),
+            content=self.content,
+            token_count=self.token_count,
+            created_at=self.created_at,
+            meta=None if self.meta is None else dict(self.meta),
+        )
+
+
+class FactRow(Base):
+    """A row of `session_facts`; one per (session_id, kind, name)."""
+
+    __tablename__ = "session_facts"
+    __table_args__ = (UniqueConstraint("session_id", "kind", "name", name="uq_session_facts_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("sessions.id", ondelete="CASCADE")
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(128))
+    value: Mapped[str] = mapped_column(Text)
+    confidence: Mapped[float] = mapped_column(Float)
+    source_turn: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    def record(self) -> Fact:
+        """Copy this row into a value that outlives the database session."""
+        return Fact(
+            id=self.id,
+            session_id=self.session_id,
+            kind=FactKind(self.kind),
+            name=self.name,
+            value=self.value,
+            confidence=self.confidence,
+            source_turn=self.source_turn,
+            created_at=self.created_at,
+        )

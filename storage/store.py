@@ -1,0 +1,499 @@
+"""`SessionStore`: the session tier's repository of sessions, messages and facts.
+
+Every method is one short transaction on its own database session, so a store can be
+shared between threads. Methods return frozen records, never ORM rows. Writes touch the
+session row *first*: on SQLite that takes the write lock before anything is read (no
+stale read snapshot to upgrade), and on PostgreSQL it row-locks the session, so message
+numbering and fact upserts cannot race.
+
+It does not decide *when* a session should end or what its state means; the dialogue
+layer does. The one rule it knows is that a session whose state has `"flow_active": true`
+is mid-flow and never expires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from sqlalchemy import URL, Delete, Select, Update, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from storage.database import Database
+from storage.engine import default_data_dir, sqlite_url
+from storage.errors import (
+    SessionClosedError,
+    SessionExistsError,
+    StaleVersionError,
+    UnknownSessionError,
+)
+from storage.models import FactRow, MessageRow, SessionRow
+from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+
+DEFAULT_TTL = timedelta(hours=24)
+DEFAULT_BUSY_TIMEOUT = 5.0
+
+_Query = TypeVar("_Query", bound=Select[Any])
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _mid_flow(state: Mapping[str, Any]) -> bool:
+    """A flow in progress (a form half filled, a booking half made) must not be cut off."""
+    return state.get("flow_active") is True
+
+
+class SessionStore:
+    """Persistent sessions with their messages, facts and dialogue state.
+
+    Args:
+        url: Any SQLAlchemy URL; see `SessionStore.open` for the default SQLite file.
+        ttl: How long a session lives after its last activity.
+        busy_timeout: Seconds a SQLite write waits for another writer.
+        clock: Returns the current aware UTC time; tests pass a fake one.
+
+    Attributes:
+        ttl: How long a session lives after its last activity.
+        location: The database file (or password-free URL), as named in errors.
+        schema_version: The schema version the database was migrated to.
+
+    Raises:
+        ValueError: `ttl` is not positive or `busy_timeout` is negative.
+        StorageConfigError: The URL is unusable or the database cannot be opened.
+        StorageBusyError: Another process held the database during migration.
+        SchemaVersionError: The database was written by a newer chatcache.
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        ttl: timedelta = DEFAULT_TTL,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        if ttl <= timedelta(0):
+            raise ValueError(f"ttl must be positive, got {ttl}")
+        if busy_timeout < 0:
+            raise ValueError(f"busy_timeout must be >= 0 seconds, got {busy_timeout}")
+        self.ttl = ttl
+        self._clock = clock
+        self._db = Database(url, busy_timeout)
+        self.location = self._db.location
+        self.schema_version = self._db.schema_version
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | Path | None = None,
+        *,
+        ttl: timedelta = DEFAULT_TTL,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> SessionStore:
+        """Open (creating if needed) `chatcache.db` in a data directory.
+
+        Args:
+            data_dir: Directory for the database; defaults to `$CHATCACHE_DATA_DIR`, else
+                `~/.local/share/chatcache`.
+            ttl: How long a session lives after its last activity.
+            busy_timeout: Seconds a write waits for another writer.
+            clock: Returns the current aware UTC time.
+
+        Returns:
+            A migrated, ready store.
+        """
+        directory = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+        return cls(sqlite_url(directory), ttl=ttl, busy_timeout=busy_timeout, clock=clock)
+
+    def close(self) -> None:
+        """Close every pooled connection; records already returned stay valid."""
+        self._db.close()
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- sessions ---------------------------------------------------------------
+
+    def create_session(
+        self, session_id: str, user_id: str, bot: str, title: str | None = None
+    ) -> ChatSession:
+        """Start a new active session with an empty state.
+
+        Args:
+            session_id: Caller-chosen id, unique across all users.
+            user_id: Who the session belongs to.
+            bot: Which bot the user talks to.
+            title: Display name for a UI, if any.
+
+        Returns:
+            The new session, at version 1.
+
+        Raises:
+            SessionExistsError: `session_id` is taken.
+        """
+        if not session_id:
+            raise ValueError("session_id must be a non-empty string")
+        now = self._clock()
+        row = SessionRow(
+            id=session_id,
+            user_id=user_id,
+            bot=bot,
+            title=title,
+            status=SessionStatus.ACTIVE,
+            version=1,
+            state={},
+            created_at=now,
+            updated_at=now,
+            expires_at=now + self.ttl,
+        )
+        try:
+            with self._db.transaction() as db:
+                db.add(row)
+                db.flush()
+                return row.record()
+        except IntegrityError as exc:
+            raise SessionExistsError(session_id) from exc
+
+    def get_session(self, session_id: str) -> ChatSession:
+        """Return the session, whatever its status.
+
+        Raises:
+            UnknownSessionError: No session has this id.
+        """
+        with self._db.transaction() as db:
+            return self._require(db, session_id).record()
+
+    def get_or_create_session(self, session_id: str, user_id: str, bot: str) -> ChatSession:
+        """Return the session, creating it if it does not exist yet.
+
+        The returned session may have ended or expired; check `status` before writing.
+
+        Raises:
+            SessionExistsError: The id belongs to another user or bot.
+        """
+        try:
+            session = self.get_session(session_id)
+        except UnknownSessionError:
+            try:
+                return self.create_session(session_id, user_id, bot)
+            except SessionExistsError:  # another thread created it in between
+                session = self.get_session(session_id)
+        if (session.user_id, session.bot) != (user_id, bot):
+            raise SessionExistsError(session_id, "belongs to another user or bot")
+        return session
+
+    def list_sessions(
+        self,
+        *,
+        user_id: str | None = None,
+        status: SessionStatus | str | None = None,
+        limit: int | None = None,
+    ) -> list[ChatSession]:
+        """Return sessions, most recently active first.
+
+        Args:
+            user_id: Only this user's sessions.
+            status: Only sessions with this status.
+            limit: At most this many.
+        """
+        query = _filtered(select(SessionRow), user_id, status)
+        query = query.order_by(SessionRow.updated_at.desc(), SessionRow.id).limit(limit)
+        with self._db.transaction() as db:
+            return [row.record() for row in db.scalars(query)]
+
+    def count_sessions(
+        self, *, user_id: str | None = None, status: SessionStatus | str | None = None
+    ) -> int:
+        """Count sessions, optionally of one user and/or one status."""
+        query = _filtered(select(func.count()).select_from(SessionRow), user_id, status)
+        with self._db.transaction() as db:
+            return db.scalar(query) or 0
+
+    def rename_session(self, session_id: str, title: str | None) -> ChatSession:
+        """Set the display title; not activity, so order and expiry stay as they were."""
+        return self._set(session_id, title=title)
+
+    def end_session(self, session_id: str) -> ChatSession:
+        """Mark the session ended; its history stays readable but no longer accepts writes."""
+        return self._set(session_id, status=SessionStatus.ENDED, updated_at=self._clock())
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete the session with its messages and facts.
+
+        Raises:
+            UnknownSessionError: No session has this id.
+        """
+        with self._db.transaction() as db:
+            if _changed(db, delete(SessionRow).where(SessionRow.id == session_id)) == 0:
+                raise UnknownSessionError(session_id)
+
+    def update_state(
+        self, session_id: str, new_state: Mapping[str, Any], expected_version: int
+    ) -> ChatSession:
+        """Replace the dialogue state if nobody else changed it since it was read.
+
+        Args:
+            session_id: The session to update.
+            new_state: The whole new state; must be JSON-serialisable.
+            expected_version: The `version` of the session the caller read.
+
+        Returns:
+            The session with the new state and `version` one higher.
+
+        Raises:
+            StaleVersionError: The stored version is not `expected_version`.
+            SessionClosedError: The session has ended or expired.
+            UnknownSessionError: No session has this id.
+        """
+        now = self._clock()
+        with self._db.transaction() as db:
+            # Compare-and-set: the WHERE clause is the lock, so no read can go stale.
+            changed = _changed(
+                db,
+                update(SessionRow)
+                .where(
+                    SessionRow.id == session_id,
+                    SessionRow.version == expected_version,
+                    SessionRow.status == SessionStatus.ACTIVE,
+                )
+                .values(
+                    state=dict(new_state),
+                    version=SessionRow.version + 1,
+                    updated_at=now,
+                    expires_at=now + self.ttl,
+                ),
+            )
+            row = self._require(db, session_id)
+            if changed == 0:
+                if row.status != SessionStatus.ACTIVE:
+                    raise SessionClosedError(session_id, row.status)
+                raise StaleVersionError(session_id, expected_version, row.version)
+            return row.record()
+
+    def expire_sessions(self, now: datetime | None = None) -> list[str]:
+        """Mark active sessions past their expiry as expired, except those mid-flow.
+
+        Args:
+            now: The aware time to compare against; defaults to the store's clock.
+
+        Returns:
+            The ids of the sessions this call expired.
+        """
+        now = now if now is not None else self._clock()
+        with self._db.transaction() as db:
+            stale = db.execute(
+                select(SessionRow.id, SessionRow.version, SessionRow.state)
+                .where(SessionRow.status == SessionStatus.ACTIVE, SessionRow.expires_at <= now)
+                .order_by(SessionRow.expires_at, SessionRow.id)
+            ).all()
+        due = [
+            (session_id, version) for session_id, version, state in stale if not _mid_flow(state)
+        ]
+        expired = []
+        # A second transaction, which writes first (see the module docstring); the version
+        # guard skips any session whose state changed after the read above.
+        with self._db.transaction() as db:
+            for session_id, version in due:
+                changed = _changed(
+                    db,
+                    update(SessionRow)
+                    .where(
+                        SessionRow.id == session_id,
+                        SessionRow.version == version,
+                        SessionRow.status == SessionStatus.ACTIVE,
+                        SessionRow.expires_at <= now,
+                    )
+                    .values(status=SessionStatus.EXPIRED),
+                )
+                if changed:
+                    expired.append(session_id)
+        return expired
+
+    # -- messages and facts -------------------------------------------------------
+
+    def append_message(
+        self,
+        session_id: str,
+        role: Role | str,
+        content: str,
+        token_count: int,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """Add a message after the session's last one and extend the session's life.
+
+        Args:
+            session_id: The session to add to.
+            role: "system", "user" or "assistant".
+            content: The message text.
+            token_count: Tokens in `content`, as counted by the caller's tokenizer.
+            meta: Optional JSON-serialisable extras (model name, latency, ...).
+
+        Returns:
+            The stored message with its `seq`.
+
+        Raises:
+            SessionClosedError: The session has ended or expired.
+            UnknownSessionError: No session has this id.
+        """
+        role = Role(role)
+        if token_count < 0:
+            raise ValueError(f"token_count must be >= 0, got {token_count}")
+        now = self._clock()
+        with self._db.transaction() as db:
+            self._touch(db, session_id, now)
+            last = db.scalar(
+                select(func.max(MessageRow.seq)).where(MessageRow.session_id == session_id)
+            )
+            row = MessageRow(
+                session_id=session_id,
+                seq=(last or 0) + 1,
+                role=role,
+                content=content,
+                token_count=token_count,
+                created_at=now,
+                meta=None if meta is None else dict(meta),
+            )
+            db.add(row)
+            db.flush()
+            return row.record()
+
+    def messages(self, session_id: str, limit: int | None = None) -> list[Message]:
+        """Return the session's messages oldest first; with `limit`, only the latest ones.
+
+        Raises:
+            UnknownSessionError: No session has this id.
+        """
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        query = (
+            select(MessageRow)
+            .where(MessageRow.session_id == session_id)
+            .order_by(MessageRow.seq.desc())
+            .limit(limit)
+        )
+        with self._db.transaction() as db:
+            rows = db.scalars(query).all()
+            if not rows:
+                self._require(db, session_id)
+            return [row.record() for row in reversed(rows)]
+
+    def upsert_fact(
+        self,
+        session_id: str,
+        kind: FactKind | str,
+        name: str,
+        value: str,
+        confidence: float,
+        source_turn: int,
+    ) -> Fact:
+        """Record a fact, replacing any earlier fact of the same kind and name.
+
+        Args:
+            session_id: The session the fact was learned in.
+            kind: "intent", "slot" or "preference".
+            name: The fact's name within its kind, e.g. "destination".
+            value: The fact's value as text.
+            confidence: How sure the extractor is, from 0 to 1.
+            source_turn: The message `seq` the fact came from.
+
+        Returns:
+            The stored fact.
+
+        Raises:
+            SessionClosedError: The session has ended or expired.
+            UnknownSessionError: No session has this id.
+        """
+        kind = FactKind(kind)
+        if not 0.0 <= confidence <= 1.0:
+            raise ValueError(f"confidence must be within [0, 1], got {confidence}")
+        now = self._clock()
+        with self._db.transaction() as db:
+            self._touch(db, session_id, now)
+            row = db.scalar(
+                select(FactRow).where(
+                    FactRow.session_id == session_id, FactRow.kind == kind, FactRow.name == name
+                )
+            )
+            if row is None:
+                row = FactRow(session_id=session_id, kind=kind, name=name)
+                db.add(row)
+            row.value = value
+            row.confidence = confidence
+            row.source_turn = source_turn
+            row.created_at = now
+            db.flush()
+            return row.record()
+
+    def facts(self, session_id: str) -> list[Fact]:
+        """Return the session's facts ordered by kind, then name.
+
+        Raises:
+            UnknownSessionError: No session has this id.
+        """
+        query = (
+            select(FactRow)
+            .where(FactRow.session_id == session_id)
+            .order_by(FactRow.kind, FactRow.name)
+        )
+        with self._db.transaction() as db:
+            rows = db.scalars(query).all()
+            if not rows:
+                self._require(db, session_id)
+            return [row.record() for row in rows]
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _require(self, db: Session, session_id: str) -> SessionRow:
+        row = db.get(SessionRow, session_id)
+        if row is None:
+            raise UnknownSessionError(session_id)
+        return row
+
+    def _touch(self, db: Session, session_id: str, now: datetime) -> None:
+        """Mark activity on an active session; the first write of every write method."""
+        changed = _changed(
+            db,
+            update(SessionRow)
+            .where(SessionRow.id == session_id, SessionRow.status == SessionStatus.ACTIVE)
+            .values(updated_at=now, expires_at=now + self.ttl),
+        )
+        if changed == 0:
+            raise SessionClosedError(session_id, self._require(db, session_id).status)
+
+    def _set(self, session_id: str, **values: Any) -> ChatSession:
+        with self._db.transaction() as db:
+            changed = _changed(
+                db, update(SessionRow).where(SessionRow.id == session_id).values(**values)
+            )
+            if changed == 0:
+                raise UnknownSessionError(session_id)
+            return self._require(db, session_id).record()
+
+
+def _filtered(query: _Query, user_id: str | None, status: SessionStatus | str | None) -> _Query:
+    if user_id is not None:
+        query = query.where(SessionRow.user_id == user_id)
+    if status is not None:
+        query = query.where(SessionRow.status == SessionStatus(status))
+    return query
+
+
+def _changed(db: Session, statement: Update | Delete) -> int:
+    """Run an UPDATE or DELETE in `db`'s transaction; return how many rows it matched."""
+    # Core execution: ORM execution is typed as a plain Result, which hides rowcount.
+    return db.connection().execute(statement).rowcount

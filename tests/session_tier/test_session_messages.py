@@ -1,0 +1,87 @@
+"""Appending messages and reading a session's history back in order."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage import Message, Role, SessionClosedError, SessionStore, UnknownSessionError
+from tests.session_tier.fake_clock import START, FakeClock
+
+
+def test_appended_messages_are_numbered_and_read_back_in_order(store: SessionStore) -> None:
+    store.create_session("s1", "ada", "travel")
+
+    first = store.append_message("s1", "system", "You book trains.", 4)
+    second = store.append_message("s1", Role.USER, "To Lyon, please", 5, meta={"lang": "en"})
+    third = store.append_message("s1", "assistant", "Which day?", 3)
+
+    assert [m.seq for m in (first, second, third)] == [1, 2, 3]
+    assert second == Message(
+        id=second.id,
+        session_id="s1",
+        seq=2,
+        role=Role.USER,
+        content="To Lyon, please",
+        token_count=5,
+        created_at=START,
+        meta={"lang": "en"},
+    )
+    assert store.messages("s1") == [first, second, third]
+
+
+def test_limit_returns_the_latest_messages_oldest_first(store: SessionStore) -> None:
+    store.create_session("s1", "ada", "travel")
+    for turn in range(1, 8):
+        store.append_message("s1", "user", f"turn {turn}", 2)
+
+    assert [m.content for m in store.messages("s1", limit=3)] == ["turn 5", "turn 6", "turn 7"]
+    assert store.messages("s1", limit=0) == []
+    assert len(store.messages("s1", limit=100)) == 7
+
+
+def test_numbering_is_per_session(store: SessionStore) -> None:
+    store.create_session("a", "ada", "travel")
+    store.create_session("b", "ada", "travel")
+    store.append_message("a", "user", "one", 1)
+    store.append_message("a", "user", "two", 1)
+
+    assert store.append_message("b", "user", "first in b", 3).seq == 1
+
+
+def test_a_new_session_has_no_messages_and_an_unknown_one_raises(store: SessionStore) -> None:
+    store.create_session("s1", "ada", "travel")
+
+    assert store.messages("s1") == []
+    with pytest.raises(UnknownSessionError, match="nope"):
+        store.messages("nope")
+    with pytest.raises(UnknownSessionError, match="nope"):
+        store.append_message("nope", "user", "hello?", 2)
+
+
+def test_appending_to_an_ended_session_raises_and_writes_nothing(store: SessionStore) -> None:
+    store.create_session("s1", "ada", "travel")
+    ended = store.end_session("s1")
+
+    with pytest.raises(SessionClosedError, match="ended"):
+        store.append_message("s1", "user", "still there?", 3)
+    assert store.messages("s1") == []
+    assert store.get_session("s1") == ended
+
+
+def test_an_unknown_role_is_rejected(store: SessionStore) -> None:
+    store.create_session("s1", "ada", "travel")
+
+    with pytest.raises(ValueError, match="robot"):
+        store.append_message("s1", "robot", "beep", 1)
+    assert store.messages("s1") == []
+
+
+def test_appending_is_activity(store: SessionStore, clock: FakeClock) -> None:
+    store.create_session("s1", "ada", "travel")
+    later = clock.advance(hours=2)
+
+    store.append_message("s1", "user", "hello", 1)
+
+    session = store.get_session("s1")
+    assert session.updated_at == later
+    assert session.expires_at == later + store.ttl

@@ -1,0 +1,112 @@
+"""Schema migrations: fresh databases reach the newest version, reruns do nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection
+
+from storage import SchemaVersionError, SessionStore, migrations
+from storage.engine import DB_FILENAME, create_storage_engine, sqlite_url
+from storage.migrations import MIGRATIONS, Migration
+from storage.models import Base
+
+LATEST = MIGRATIONS[-1].version
+
+
+def recorded_versions(data_dir: Path) -> list[int]:
+    with closing(sqlite3.connect(data_dir / DB_FILENAME)) as conn:
+        return [
+            row[0] for row in conn.execute("SELECT version FROM schema_version ORDER BY version")
+        ]
+
+
+def table_names(data_dir: Path) -> set[str]:
+    with closing(sqlite3.connect(data_dir / DB_FILENAME)) as conn:
+        return {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+
+
+def test_migrations_are_numbered_one_up_without_gaps() -> None:
+    assert [step.version for step in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+
+
+def test_a_fresh_database_gets_every_migration(tmp_path: Path) -> None:
+    with SessionStore.open(tmp_path) as store:
+        assert store.schema_version == LATEST
+
+    assert recorded_versions(tmp_path) == list(range(1, LATEST + 1))
+    assert {"sessions", "messages", "session_facts", "schema_version"} <= table_names(tmp_path)
+
+
+def test_reopening_changes_nothing_and_keeps_data(tmp_path: Path) -> None:
+    with SessionStore.open(tmp_path) as store:
+        store.create_session("s1", "ada", "travel")
+    with closing(sqlite3.connect(tmp_path / DB_FILENAME)) as conn:
+        applied_before = conn.execute("SELECT * FROM schema_version").fetchall()
+
+    with SessionStore.open(tmp_path) as store:
+        assert store.schema_version == LATEST
+        assert store.get_session("s1").user_id == "ada"
+
+    with closing(sqlite3.connect(tmp_path / DB_FILENAME)) as conn:
+        assert conn.execute("SELECT * FROM schema_version").fetchall() == applied_before
+
+
+def test_a_database_from_a_newer_chatcache_is_refused_clearly(tmp_path: Path) -> None:
+    SessionStore.open(tmp_path).close()
+    with closing(sqlite3.connect(tmp_path / DB_FILENAME)) as conn:
+        conn.execute(
+            "INSERT INTO schema_version VALUES (?, 'from the future', ?)",
+            (LATEST + 1, datetime(2030, 1, 1).isoformat(" ")),
+        )
+        conn.commit()
+
+    with pytest.raises(SchemaVersionError, match=f"schema version {LATEST + 1}") as caught:
+        SessionStore.open(tmp_path)
+
+    assert str(tmp_path / DB_FILENAME) in str(caught.value)
+    assert (caught.value.found, caught.value.supported) == (LATEST + 1, LATEST)
+
+
+def test_a_failing_migration_rolls_back_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def half_done(conn: Connection) -> None:
+        conn.exec_driver_sql("CREATE TABLE half_done (id INTEGER)")
+        raise RuntimeError("step failed")
+
+    broken = (*MIGRATIONS, Migration(LATEST + 1, "fails halfway", half_done))
+    monkeypatch.setattr(migrations, "MIGRATIONS", broken)
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        SessionStore.open(tmp_path)
+
+    assert table_names(tmp_path) == set()
+
+
+def test_the_models_match_the_migrated_schema(tmp_path: Path) -> None:
+    SessionStore.open(tmp_path).close()
+    engine = create_storage_engine(sqlite_url(tmp_path), busy_timeout=1)
+    try:
+        db = inspect(engine)
+        for table in Base.metadata.sorted_tables:
+            assert [c["name"] for c in db.get_columns(table.name)] == list(table.columns.keys())
+            assert [c["nullable"] for c in db.get_columns(table.name)] == [
+                c.nullable for c in table.columns
+            ]
+            indexes = {i["name"] for i in db.get_indexes(table.name)}
+            indexes |= {u["name"] for u in db.get_unique_constraints(table.name)}
+            assert {i.name for i in table.indexes} <= indexes
+            assert {c.name for c in table.constraints if c.name} <= indexes
+            assert [fk["options"] for fk in db.get_foreign_keys(table.name)] == [
+                {"ondelete": fk.ondelete} for fk in table.foreign_keys
+            ]
+    finally:
+        engine.dispose()

@@ -1,0 +1,85 @@
+"""A turn's reads and writes stay fast with many sessions, because they use indexes."""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+import time
+from contextlib import closing
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from storage import SessionStore
+from storage.engine import DB_FILENAME
+
+SESSIONS = 10_000
+MESSAGES_EACH = 20
+
+
+def fill(data_dir: Path) -> None:
+    """Insert SESSIONS sessions with MESSAGES_EACH messages each, bypassing the store."""
+    now = datetime(2025, 1, 1)
+    later = now + timedelta(days=1)
+    with closing(sqlite3.connect(data_dir / DB_FILENAME)) as conn:
+        conn.executemany(
+            "INSERT INTO sessions VALUES (?, ?, 'travel', NULL, 'active', 1, '{}', ?, ?, ?)",
+            (
+                (f"s{i}", f"u{i % 100}", now, now + timedelta(seconds=i), later)
+                for i in range(SESSIONS)
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO messages (session_id, seq, role, content, token_count, created_at)"
+            " VALUES (?, ?, 'user', 'some words of a turn', 5, ?)",
+            ((f"s{i}", seq, now) for i in range(SESSIONS) for seq in range(1, MESSAGES_EACH + 1)),
+        )
+        conn.commit()
+
+
+@pytest.fixture
+def big_store(tmp_path: Path) -> SessionStore:
+    SessionStore.open(tmp_path).close()
+    fill(tmp_path)
+    return SessionStore.open(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("query", "index"),
+    [
+        (
+            "SELECT * FROM messages WHERE session_id = 's5' ORDER BY seq DESC LIMIT 20",
+            "ix_messages_session_seq",
+        ),
+        ("SELECT max(seq) FROM messages WHERE session_id = 's5'", "ix_messages_session_seq"),
+        ("SELECT * FROM sessions ORDER BY updated_at DESC LIMIT 20", "ix_sessions_updated_at"),
+        (
+            "SELECT id FROM sessions WHERE status = 'active' AND expires_at <= '2025-01-02'",
+            "ix_sessions_status_expires",
+        ),
+    ],
+)
+def test_hot_queries_use_an_index(tmp_path: Path, query: str, index: str) -> None:
+    SessionStore.open(tmp_path).close()
+    with closing(sqlite3.connect(tmp_path / DB_FILENAME)) as conn:
+        plan = " ".join(row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}"))
+
+    assert index in plan
+
+
+def test_a_turn_takes_a_few_milliseconds_among_ten_thousand_sessions(
+    big_store: SessionStore,
+) -> None:
+    timings = []
+    for turn in range(30):
+        started = time.perf_counter()
+        session = big_store.get_session("s5000")
+        big_store.append_message(session.id, "user", f"turn {turn}", 3)
+        history = big_store.messages(session.id, limit=20)
+        timings.append(time.perf_counter() - started)
+    big_store.close()
+
+    assert history[-1].content == "turn 29"
+    # Generous for slow CI machines; a full scan of 200k messages takes far longer.
+    assert statistics.median(timings) < 0.02, timings
