@@ -2,7 +2,15 @@
 
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .engine import ChatEngine
-from .errors import ChatCacheError, ConfigError, InvalidMessageError, ModelNotFoundError, UnknownSessionError
+from .errors import (
+    ChatCacheError,
+    ConfigError,
+    InvalidMessageError,
+    ModelNotFoundError,
+    SessionClosedError,
+    StorageError,
+    UnknownSessionError,
+)
 from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message
 from .reply import Reply, ReplyStream, TurnStats
@@ -19,6 +27,8 @@ __all__ = [
     "ModelNotFoundError",
     "Reply",
     "ReplyStream",
+    "SessionClosedError",
+    "StorageError",
     "TokenTierConfig",
     "TokenTierStats",
     "TurnStats",

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage import default_data_dir
+
 from .errors import ConfigError
 
-
-def default_data_dir() -> Path:
-    """Where chatcache keeps converted models, spilled KV and its database.
-
-    `CHATCACHE_DATA_DIR` wins; otherwise the XDG data home.
-    """
-    env = os.environ.get("CHATCACHE_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(xdg) / "chatcache"
+__all__ = ["GenerationConfig", "TokenTierConfig", "default_data_dir"]
 
 
 @dataclass

@@ -8,13 +8,14 @@ A turn that fails leaves the session exactly as it was; a cancelled one keeps wh
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+
+from storage import ChatSession, SessionStore
 
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
-from .errors import InvalidMessageError, UnknownSessionError
+from .conversations import Conversation, Conversations
+from .errors import InvalidMessageError
 from .generation import generate_tokens, prefill
 from .kv import kv_bytes_per_token
 from .models import ChatModel, load_chat_model
@@ -22,17 +23,6 @@ from .prompt import Message, PromptRenderer, RenderedSegments
 from .reply import Reply, ReplyStream, TurnStats
 from .text_stream import TextStream
 from .token_tier import TokenTier, TokenTierStats
-
-
-@dataclass
-class _Session:
-    """A conversation in memory. `first_kept` is the oldest message still in the prompt."""
-
-    id: str
-    messages: list[Message] = field(default_factory=list)
-    first_kept: int = 0
-    segments: RenderedSegments = field(default_factory=RenderedSegments)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class ChatEngine:
@@ -46,6 +36,10 @@ class ChatEngine:
         token_tier: KV reuse settings; by default 1 GiB in memory, cold sessions spilled under the data dir.
         context_window: prompt plus reply limit in tokens; defaults to the model's.
         device: where the model runs; defaults to CUDA when available.
+        store: the session tier: a `SessionStore`, a SQLAlchemy URL, or None for the SQLite
+            file in the data directory. Conversations continue across processes through it.
+        bot: the bot's name in the session tier (a session belongs to one bot and one user).
+        user_id: the user the sessions belong to.
     """
 
     def __init__(
@@ -57,6 +51,9 @@ class ChatEngine:
         token_tier: TokenTierConfig | None = None,
         context_window: int | None = None,
         device: str | None = None,
+        store: SessionStore | str | None = None,
+        bot: str = "default",
+        user_id: str = "local",
     ) -> None:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
         self.system_prompt = system_prompt or None
@@ -78,8 +75,10 @@ class ChatEngine:
         generation_eos = hf_model.generation_config.eos_token_id
         self._eos_ids = {i for e in (eos, generation_eos) for i in (e if isinstance(e, list) else [e]) if i is not None}
         self._system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
-        self._sessions: dict[str, _Session] = {}
-        self._sessions_lock = threading.Lock()
+        if not isinstance(store, SessionStore):
+            store = SessionStore(store) if store else SessionStore.open(default_data_dir())
+        self.store = store
+        self.conversations = Conversations(store, bot, user_id, self.system_prompt)
 
     # -- public API -------------------------------------------------------------------
 
@@ -120,19 +119,41 @@ class ChatEngine:
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
 
     def history(self, session_id: str) -> list[Message]:
-        """The session's messages, system prompt excluded, oldest first."""
-        return [m for m in self._session(session_id).messages if m.role != "system"]
+        """The session's answered turns, oldest first, including those out of the prompt window.
 
-    def sessions(self) -> list[str]:
-        with self._sessions_lock:
-            return list(self._sessions)
+        Raises:
+            UnknownSessionError: no such session in the session tier.
+        """
+        return list(self.conversations.open(session_id, create=False).turns)
+
+    def sessions(self) -> list[ChatSession]:
+        """This user's sessions in the session tier, most recently active first."""
+        return self.store.list_sessions(user_id=self.conversations.user_id)
 
     def end_session(self, session_id: str) -> None:
-        """Forget a session and release its cached KV (memory and disk)."""
-        with self._sessions_lock:
-            if self._sessions.pop(session_id, None) is None:
-                raise UnknownSessionError(f"unknown session {session_id!r}")
+        """End a session in the session tier and release its cached KV (memory and disk).
+
+        Raises:
+            UnknownSessionError: no such session in the session tier.
+        """
+        self.store.end_session(session_id)
+        self.conversations.forget(session_id)
         self.token_tier.drop(session_id)
+
+    def close(self) -> None:
+        """Spill idle sessions' KV to disk and close the session database.
+
+        The next process on the same data directory continues each conversation from the
+        database and restores its KV from disk instead of recomputing it.
+        """
+        self.token_tier.spill_all()
+        self.store.close()
+
+    def __enter__(self) -> ChatEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def kv_stats(self) -> TokenTierStats:
         return self.token_tier.stats()
@@ -144,22 +165,13 @@ class ChatEngine:
             raise InvalidMessageError("The message is empty: type something to send.")
         return text
 
-    def _session(self, session_id: str, create: bool = False) -> _Session:
-        with self._sessions_lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                if not create:
-                    raise UnknownSessionError(f"unknown session {session_id!r}")
-                system = [Message("system", self.system_prompt)] if self.system_prompt else []
-                session = self._sessions[session_id] = _Session(session_id, messages=system)
-            return session
-
     def _run_turn(self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]) -> Iterator[str]:
         started = time.perf_counter()
-        session = self._session(session_id, create=True)
-        with session.lock:
+        conversation = self.conversations.open(session_id, create=True)
+        with conversation.lock:
             user = Message("user", text)
-            prompt, dropped = self._layout_prompt(session, user, params.max_new_tokens)
+            prompt, dropped, user_tokens = self._layout_prompt(conversation, user, params.max_new_tokens)
+            self.conversations.record_user(conversation, text, user_tokens)
             checkout = self.token_tier.checkout(session_id, prompt, self._system_ids, len(prompt) + params.max_new_tokens)
             stats = TurnStats(
                 prompt_tokens=len(prompt),
@@ -204,8 +216,14 @@ class ChatEngine:
             stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
             stats.mean_entropy_bits = sum(entropies) / len(entropies)
             # The KV covers the prompt and every reply token but the last, which was never fed.
-            session.messages += [user, Message("assistant", text_stream.text, tuple(generated))]
             self.token_tier.checkin(session_id, prompt + generated[:-1], checkout.cache)
+            reply = Message("assistant", text_stream.text, tuple(generated))
+            meta = {"tier": stats.tier, "finish_reason": stats.finish_reason, "ttft_s": stats.ttft_s}
+            try:
+                self.conversations.record_reply(conversation, user, reply, meta)
+            except BaseException:
+                self.conversations.forget(session_id)  # memory must not run ahead of the record
+                raise
             stats.kv_bytes = self.token_tier.resident_bytes()
             holder.append(Reply(session_id, text_stream.text, generated, stats))
 
@@ -216,14 +234,18 @@ class ChatEngine:
             return "eos"
         return "length"
 
-    def _layout_prompt(self, session: _Session, user: Message, max_new_tokens: int) -> tuple[list[int], int]:
-        """Prompt ids for the session plus `user`, dropping the oldest whole turns that do not fit.
+    def _layout_prompt(
+        self, conversation: Conversation, user: Message, max_new_tokens: int
+    ) -> tuple[list[int], int, int]:
+        """Prompt ids for the conversation plus `user`, dropping the oldest whole turns that do not fit.
+
+        Returns the prompt, how many turns are out of it, and the user segment's length.
 
         Dropped turns stay dropped on later turns, so the prompt's start stays stable and the
         token tier keeps reusing it. The system prompt is never dropped.
         """
         room = self.context_window - max_new_tokens
-        system = session.messages[:1] if self.system_prompt else []
+        system = [conversation.system] if conversation.system else []
         alone = self.renderer.conversation_ids([*system, user], RenderedSegments())
         if len(alone) > room:
             raise InvalidMessageError(
@@ -231,14 +253,15 @@ class ChatEngine:
                 f"({len(self._system_ids)} tokens) and {max_new_tokens} reply tokens it exceeds the "
                 f"context window of {self.context_window}. Shorten it or lower max_new_tokens."
             )
-        first_kept = max(session.first_kept, len(system))
+        start = conversation.context_start
         while True:
-            window = [*system, *session.messages[first_kept:], user]
-            prompt = self.renderer.conversation_ids(window, session.segments)
+            if start != conversation.context_start:
+                conversation.segments.ids.clear()
+            prompt = self.renderer.conversation_ids([*conversation.window(start), user], conversation.segments)
             if len(prompt) <= room:
                 break
-            first_kept += 2  # one user message and its reply
-            session.segments.ids.clear()
-        if first_kept != session.first_kept:
-            session.first_kept = first_kept
-        return prompt, (first_kept - len(system)) // 2
+            start += 2  # one user message and its reply
+        self.conversations.move_context_start(conversation, start)
+        # The user's segment is not memoized: if this turn fails, another message takes its place.
+        user_tokens = len(conversation.segments.ids.pop()) if conversation.segments.ids else len(alone)
+        return prompt, start // 2, user_tokens

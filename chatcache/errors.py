@@ -1,7 +1,20 @@
 """Errors a chatcache user can act on.
 
 Every error says what was wrong and what to do; none of them leaves a session half-changed.
+Session errors come from the session tier (`storage`) and are re-exported here.
 """
+
+from storage.errors import SessionClosedError, StorageError, UnknownSessionError
+
+__all__ = [
+    "ChatCacheError",
+    "ConfigError",
+    "InvalidMessageError",
+    "ModelNotFoundError",
+    "SessionClosedError",
+    "StorageError",
+    "UnknownSessionError",
+]
 
 
 class ChatCacheError(Exception):
@@ -14,13 +27,6 @@ class ModelNotFoundError(ChatCacheError, ValueError):
 
 class InvalidMessageError(ChatCacheError, ValueError):
     """A user message that cannot be answered: empty, or longer than the context window."""
-
-
-class UnknownSessionError(ChatCacheError, KeyError):
-    """A session id the engine has never seen (or has already ended)."""
-
-    def __str__(self) -> str:  # KeyError would print the repr of the message
-        return str(self.args[0]) if self.args else "unknown session"
 
 
 class ConfigError(ChatCacheError, ValueError):

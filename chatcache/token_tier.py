@@ -156,6 +156,16 @@ class TokenTier:
         if self._spill is not None:
             self._spill.discard(session_id)
 
+    def spill_all(self) -> int:
+        """Write every idle session to disk (at shutdown), so the next process restores them."""
+        if self._spill is None:
+            return 0
+        with self._lock:
+            idle = [sid for sid in self._sessions if sid not in self._in_use]
+            for session_id in idle:
+                self._evict(session_id)
+        return len(idle)
+
     def clear(self) -> None:
         """Drop every session and prefix from memory (spilled files stay valid)."""
         with self._lock:

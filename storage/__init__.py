@@ -23,6 +23,7 @@ from storage.errors import (
     UnknownSessionError,
 )
 from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+from storage.engine import default_data_dir
 from storage.store import DEFAULT_TTL, SessionStore
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "StorageConfigError",
     "StorageError",
     "UnknownSessionError",
+    "default_data_dir",
 ]

@@ -24,11 +24,16 @@ DB_FILENAME = "chatcache.db"
 
 
 def default_data_dir() -> Path:
-    """Return `$CHATCACHE_DATA_DIR` if set, else `~/.local/share/chatcache`."""
+    """Where chatcache keeps its database, converted models and spilled KV.
+
+    `$CHATCACHE_DATA_DIR` wins; otherwise `chatcache` under the XDG data home
+    (`~/.local/share` unless `$XDG_DATA_HOME` says otherwise).
+    """
     configured = os.environ.get(DATA_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
-    return Path.home() / ".local" / "share" / "chatcache"
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "chatcache"
 
 
 def sqlite_url(data_dir: Path) -> URL:

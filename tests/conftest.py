@@ -108,3 +108,19 @@ def bundled_model():  # type: ignore[no-untyped-def]
             del os.environ["CHATCACHE_DATA_DIR"]
         else:
             os.environ["CHATCACHE_DATA_DIR"] = previous
+
+
+@pytest.fixture
+def make_engine(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Build engines that each have their own session database, as separate deployments would."""
+    import itertools
+
+    from chatcache import ChatEngine
+
+    counter = itertools.count()
+
+    def make(model, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("store", f"sqlite:///{tmp_path}/sessions-{next(counter)}.db")
+        return ChatEngine(model, **kwargs)
+
+    return make

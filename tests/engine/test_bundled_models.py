@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatcache import ChatEngine, TokenTierConfig, load_chat_model, load_embedder
+from chatcache import TokenTierConfig, load_chat_model, load_embedder
 from chatcache.generation import forward
 from chatcache.kv import new_cache
 
@@ -22,9 +22,9 @@ def test_bundled_model_loads_once_per_process(bundled_model) -> None:  # type: i
     assert load_chat_model("bundled", device="cpu") is bundled_model
 
 
-def test_bundled_replies_equal_full_recompute_and_restore_exactly(bundled_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cached = ChatEngine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
-    uncached = ChatEngine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+def test_bundled_replies_equal_full_recompute_and_restore_exactly(make_engine, bundled_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cached = make_engine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
+    uncached = make_engine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     for turn, text in enumerate(TURNS):
         if turn == 2:
             cached.token_tier._evict("s")  # the last turn comes back from disk
@@ -36,8 +36,8 @@ def test_bundled_replies_equal_full_recompute_and_restore_exactly(bundled_model,
     assert got.stats.reused_tokens > 0.7 * got.stats.prompt_tokens
 
 
-def test_bundled_logits_at_reused_positions_match_recompute(bundled_model) -> None:  # type: ignore[no-untyped-def]
-    engine = ChatEngine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+def test_bundled_logits_at_reused_positions_match_recompute(make_engine, bundled_model) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
     engine.chat("s", TURNS[0], max_new_tokens=16)
     engine.chat("s", TURNS[1], max_new_tokens=16)
     entry = engine.token_tier._sessions["s"]

@@ -6,27 +6,27 @@ from pathlib import Path
 
 import torch
 
-from chatcache import ChatEngine, TokenTierConfig
+from chatcache import TokenTierConfig
 from chatcache.kv_spill import dequantize_int8, quantize_int8
 
 SYSTEM = "You are a test bot."
 TURNS = ["Hello there", "Book a table for two", "What about Paris?"]
 
 
-def bytes_per_turn_budget(model, turns: int) -> int:  # type: ignore[no-untyped-def]
+def bytes_per_turn_budget(make_engine, model, turns: int) -> int:  # type: ignore[no-untyped-def]
     # Room for roughly one conversation of `turns` short turns: forces eviction of the others.
-    probe = ChatEngine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+    probe = make_engine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
     for text in TURNS[:turns]:
         probe.chat("p", text, max_new_tokens=12)
     return probe.kv_stats().resident_bytes + probe.token_tier.bytes_per_token * 60
 
 
-def test_memory_never_exceeds_budget_and_spilled_sessions_restore_exactly(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    budget = bytes_per_turn_budget(tiny_model, 3)
-    engine = ChatEngine(
+def test_memory_never_exceeds_budget_and_spilled_sessions_restore_exactly(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    budget = bytes_per_turn_budget(make_engine, tiny_model, 3)
+    engine = make_engine(
         tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(memory_budget_bytes=budget, spill_dir=tmp_path)
     )
-    never_evicted = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+    never_evicted = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
     tiers = []
     for text in TURNS:
         for session in ("a", "b", "c"):
@@ -40,8 +40,8 @@ def test_memory_never_exceeds_budget_and_spilled_sessions_restore_exactly(tiny_m
     assert "disk" in tiers
 
 
-def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    reference = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    reference = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     want = [reference.chat("s", text, max_new_tokens=12).token_ids for text in TURNS[:2]]
 
     def damage_flip(path: Path) -> None:
@@ -57,7 +57,7 @@ def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(tiny_
 
     for damage in (damage_flip, damage_truncate, damage_garbage):
         spill = tmp_path / damage.__name__
-        engine = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=spill))
+        engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=spill))
         assert engine.chat("s", TURNS[0], max_new_tokens=12).token_ids == want[0]
         engine.token_tier._evict("s")
         path = engine.token_tier._spill.path("s")
@@ -70,26 +70,26 @@ def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(tiny_
         assert not path.exists()
 
 
-def test_spill_file_of_other_weights_is_refused(tiny_model, build_tiny, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_spill_file_of_other_weights_is_refused(make_engine, tiny_model, build_tiny, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from chatcache import load_chat_model
     other = load_chat_model(str(build_tiny(tmp_path / "other", seed=1)), device="cpu")
     assert other.identity != tiny_model.identity
-    writer = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
-    reader = ChatEngine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
+    writer = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
+    reader = make_engine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
     writer.chat("s", TURNS[0], max_new_tokens=12)
     writer.token_tier._evict("s")
     # Put the first model's KV exactly where the second model looks for this session.
     writer.token_tier._spill.path("s").replace(reader.token_tier._spill.path("s"))
-    reference = ChatEngine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+    reference = make_engine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     got = reader.chat("s", TURNS[0], max_new_tokens=12)
     assert got.stats.tier != "disk"
     assert reader.kv_stats().failed_restores == 1
     assert got.token_ids == reference.chat("s", TURNS[0], max_new_tokens=12).token_ids
 
 
-def test_int8_spill_is_smaller_and_close(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    full = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "fp"))
-    small = ChatEngine(
+def test_int8_spill_is_smaller_and_close(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    full = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "fp"))
+    small = make_engine(
         tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "q", spill_int8=True)
     )
     for engine in (full, small):
@@ -111,8 +111,8 @@ def test_int8_round_trip_error_is_bounded() -> None:
     assert q.dtype == torch.int8
 
 
-def test_ending_a_session_releases_memory_and_disk(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    engine = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
+def test_ending_a_session_releases_memory_and_disk(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
     engine.chat("a", TURNS[0], max_new_tokens=8)
     engine.chat("b", TURNS[0], max_new_tokens=8)
     engine.token_tier._evict("b")

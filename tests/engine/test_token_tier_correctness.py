@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from chatcache import ChatEngine, TokenTierConfig
+from chatcache import TokenTierConfig
 from chatcache.generation import forward
 from chatcache.kv import new_cache
 
@@ -15,14 +15,14 @@ SYSTEM = "You are a test bot that answers questions about bookings."
 TURNS = ["Hello there", "Book a table for two", "What about the weather in Paris?", "ok", "Transfer 200 dollars"]
 
 
-def engines(model, **tier):  # type: ignore[no-untyped-def]
-    cached = ChatEngine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(**tier))
-    uncached = ChatEngine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+def engines(make_engine, model, **tier):  # type: ignore[no-untyped-def]
+    cached = make_engine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(**tier))
+    uncached = make_engine(model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     return cached, uncached
 
 
-def test_multi_turn_replies_equal_full_recompute(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    cached, uncached = engines(tiny_model)
+def test_multi_turn_replies_equal_full_recompute(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    cached, uncached = engines(make_engine, tiny_model)
     for turn, text in enumerate(TURNS):
         got = cached.chat("s", text, max_new_tokens=24)
         want = uncached.chat("s", text, max_new_tokens=24)
@@ -35,8 +35,8 @@ def test_multi_turn_replies_equal_full_recompute(tiny_model) -> None:  # type: i
     assert got.stats.reused_tokens > got.stats.prompt_tokens // 2
 
 
-def test_logits_at_reused_position_match_recompute(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    engine, _ = engines(tiny_model)
+def test_logits_at_reused_position_match_recompute(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, _ = engines(make_engine, tiny_model)
     engine.chat("s", "Hello there", max_new_tokens=12)
     engine.chat("s", "Book a table", max_new_tokens=12)
     entry = engine.token_tier._sessions["s"]
@@ -46,8 +46,8 @@ def test_logits_at_reused_position_match_recompute(tiny_model) -> None:  # type:
     assert torch.allclose(reused, full, atol=1e-4)
 
 
-def test_exact_full_hit_leaves_one_token_to_prefill(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    engine, _ = engines(tiny_model)
+def test_exact_full_hit_leaves_one_token_to_prefill(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, _ = engines(make_engine, tiny_model)
     engine.chat("s", "Hello there", max_new_tokens=8)
     tier = engine.token_tier
     ids = list(tier._sessions["s"].ids)
@@ -59,8 +59,8 @@ def test_exact_full_hit_leaves_one_token_to_prefill(tiny_model) -> None:  # type
     assert torch.allclose(logits, full, atol=1e-4)
 
 
-def test_shared_prefix_is_never_changed_by_sessions(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    engine, uncached = engines(tiny_model)
+def test_shared_prefix_is_never_changed_by_sessions(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, uncached = engines(make_engine, tiny_model)
     first = engine.chat("a", "Hello there", max_new_tokens=10)
     (prefix,) = engine.token_tier._prefixes.values()
     keys_before = [layer.keys.clone() for layer in prefix.cache.layers]
@@ -75,8 +75,8 @@ def test_shared_prefix_is_never_changed_by_sessions(tiny_model) -> None:  # type
         assert torch.equal(layer.keys, before)
 
 
-def test_sessions_in_parallel_threads_match_sequential(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    engine, uncached = engines(tiny_model)
+def test_sessions_in_parallel_threads_match_sequential(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, uncached = engines(make_engine, tiny_model)
     results: dict[str, list[list[int]]] = {}
 
     def converse(session: str) -> None:
@@ -91,8 +91,8 @@ def test_sessions_in_parallel_threads_match_sequential(tiny_model) -> None:  # t
     assert all(results[f"s{i}"] == want for i in range(4))
 
 
-def test_turns_of_one_session_are_serialized(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    engine, _ = engines(tiny_model)
+def test_turns_of_one_session_are_serialized(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine, _ = engines(make_engine, tiny_model)
     threads = [threading.Thread(target=engine.chat, args=("s", f"message {i}"), kwargs={"max_new_tokens": 8}) for i in range(4)]
     for thread in threads:
         thread.start()
@@ -105,8 +105,8 @@ def test_turns_of_one_session_are_serialized(tiny_model) -> None:  # type: ignor
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 5])
-def test_short_replies_keep_the_cache_consistent(tiny_model, max_new_tokens: int) -> None:  # type: ignore[no-untyped-def]
-    cached, uncached = engines(tiny_model)
+def test_short_replies_keep_the_cache_consistent(make_engine, tiny_model, max_new_tokens: int) -> None:  # type: ignore[no-untyped-def]
+    cached, uncached = engines(make_engine, tiny_model)
     for text in TURNS[:3]:
         assert (
             cached.chat("s", text, max_new_tokens=max_new_tokens).token_ids

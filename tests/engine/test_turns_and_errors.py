@@ -11,8 +11,8 @@ SYSTEM = "You are a test bot."
 
 
 @pytest.fixture
-def engine(tiny_model):  # type: ignore[no-untyped-def]
-    return ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+def engine(make_engine, tiny_model):  # type: ignore[no-untyped-def]
+    return make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
 
 
 def test_stream_pieces_join_to_the_reply_text(engine: ChatEngine) -> None:
@@ -55,10 +55,10 @@ def test_sampling_is_reproducible_with_a_seed(engine: ChatEngine) -> None:
     assert a.token_ids != greedy.token_ids
 
 
-def test_long_conversation_drops_oldest_turns_never_the_system_prompt(tiny_model) -> None:  # type: ignore[no-untyped-def]
+def test_long_conversation_drops_oldest_turns_never_the_system_prompt(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
     small = dict(context_window=160)
-    cached = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None), **small)
-    uncached = ChatEngine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False), **small)
+    cached = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None), **small)
+    uncached = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False), **small)
     system_ids = cached._system_ids
     dropped = []
     for turn in range(8):
@@ -81,8 +81,8 @@ def test_empty_message_is_refused_and_nothing_changes(engine: ChatEngine, text: 
     assert len(engine.history("s")) == 2
 
 
-def test_message_over_the_context_window_is_refused_and_nothing_changes(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    engine = ChatEngine(tiny_model, system_prompt=SYSTEM, context_window=128, token_tier=TokenTierConfig(spill_dir=None))
+def test_message_over_the_context_window_is_refused_and_nothing_changes(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(tiny_model, system_prompt=SYSTEM, context_window=128, token_tier=TokenTierConfig(spill_dir=None))
     engine.chat("s", "Hello", max_new_tokens=4)
     with pytest.raises(InvalidMessageError, match="context window of 128"):
         engine.chat("s", "booking " * 300, max_new_tokens=4)

@@ -1,0 +1,43 @@
+"""Model-free dialogue layer: bot definitions, intent classification, slots and flow state.
+
+Nothing here imports a model library; the intent classifier is handed an embedding function.
+"""
+
+from .classifier import Embed, IntentClassifier, IntentResult
+from .definition import OUT_OF_SCOPE, BotDefinition, Flow, Intent, Slot
+from .loader import BotDefinitionError, load_bot, parse_bot
+from .manager import DialogueManager, TurnDecision
+from .slots import SlotExtractor
+from .state_machine import (
+    TRANSITIONS,
+    DialogueEvent,
+    DialogueStateMachine,
+    EventType,
+    IllegalTransitionError,
+    State,
+    apply_with_retry,
+)
+
+__all__ = [
+    "OUT_OF_SCOPE",
+    "TRANSITIONS",
+    "DialogueEvent",
+    "DialogueManager",
+    "DialogueStateMachine",
+    "EventType",
+    "IllegalTransitionError",
+    "State",
+    "TurnDecision",
+    "apply_with_retry",
+    "BotDefinition",
+    "BotDefinitionError",
+    "Embed",
+    "Flow",
+    "Intent",
+    "IntentClassifier",
+    "IntentResult",
+    "Slot",
+    "SlotExtractor",
+    "load_bot",
+    "parse_bot",
+]

@@ -1,0 +1,128 @@
+"""Recognise which intent of a bot a user's text expresses, by similarity to its examples.
+
+The embedding model is injected as a plain function so this package stays free of any model
+library and can be tested with a toy embedder; the caller passes e.g. a sentence-transformers
+`encode` with `normalize_embeddings=True`.
+
+Scoring. An intent's score is the mean of (a) the best cosine to any of its examples and
+(b) the mean cosine of its top-3 examples. The max alone lets one odd example capture
+unrelated text; the top-k mean alone punishes an intent whose examples are varied. The blend
+keeps the sharpness of the max and the robustness of the mean.
+
+Confidence. Raw cosines of sentence embedders rarely exceed 0.8 even for paraphrases, so they
+are no probability. We use a softmax over the intent scores divided by a temperature, with one
+extra "none of these" logit fixed at `reject_score`: an utterance far from every intent gives
+the reject logit most of the mass, so its best intent's confidence is low however the intents
+rank among themselves; a clear in-scope utterance gets a confidence close to 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .definition import OUT_OF_SCOPE, BotDefinition
+
+Embed = Callable[[list[str]], NDArray[np.floating]]
+"""Maps texts to one unit-normalised embedding row per text."""
+
+_TOP_K = 3
+
+
+@dataclass(frozen=True)
+class IntentResult:
+    """The classifier's verdict on one utterance.
+
+    Attributes:
+        intent: The best intent's name, or "out_of_scope" when it is not convincing enough.
+        confidence: Calibrated probability of the best intent, in [0, 1] (also when the
+            verdict is out_of_scope, so a caller can see how close it came).
+        margin: Best minus second-best intent score, in cosine units.
+        scores: Every intent's raw similarity score.
+    """
+
+    intent: str
+    confidence: float
+    margin: float
+    scores: dict[str, float]
+
+
+class IntentClassifier:
+    """Nearest-example intent classifier with an out-of-scope fallback."""
+
+    def __init__(
+        self,
+        bot: BotDefinition,
+        embed: Embed,
+        threshold: float = 0.5,
+        margin: float = 0.0,
+        temperature: float = 0.03,
+        reject_score: float = 0.5,
+    ) -> None:
+        """Embed every example of the bot once.
+
+        Args:
+            bot: The bot whose intents to recognise.
+            embed: Text embedder returning unit-normalised rows.
+            threshold: Minimum confidence for an intent to be returned.
+            margin: Minimum gap between the two best intent scores; below it the text is
+                ambiguous and treated as out of scope.
+            temperature: Softmax temperature in cosine units; smaller is more decisive.
+            reject_score: Score of the "none of these" option; an intent must clearly beat
+                it to be confident.
+        """
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+        if margin < 0.0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
+        if temperature <= 0.0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.threshold = threshold
+        self.margin = margin
+        self.temperature = temperature
+        self.reject_score = reject_score
+        self._embed = embed
+        self._names = [intent.name for intent in bot.intents]
+        texts = [example for intent in bot.intents for example in intent.examples]
+        owner = np.array([i for i, intent in enumerate(bot.intents) for _ in intent.examples])
+        self._rows = [np.flatnonzero(owner == i) for i in range(len(self._names))]
+        self._examples = np.asarray(embed(texts), dtype=np.float64)
+        if self._examples.shape[0] != len(texts):
+            raise ValueError(f"embed returned {self._examples.shape[0]} rows for {len(texts)} texts")
+
+    def classify(self, text: str) -> IntentResult:
+        """Classify one utterance.
+
+        Args:
+            text: What the user said.
+
+        Returns:
+            The verdict; `intent` is "out_of_scope" when confidence is below the threshold
+            or the margin is below the configured margin.
+        """
+        query = np.asarray(self._embed([text]), dtype=np.float64)[0]
+        scores = self._intent_scores(self._examples @ query)
+        logits = np.append(scores, self.reject_score) / self.temperature
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        order = np.argsort(scores)[::-1]
+        best = int(order[0])
+        gap = float(scores[best] - scores[order[1]]) if len(order) > 1 else float(scores[best])
+        confidence = float(probs[best])
+        accepted = confidence >= self.threshold and gap >= self.margin
+        return IntentResult(
+            intent=self._names[best] if accepted else OUT_OF_SCOPE,
+            confidence=confidence,
+            margin=gap,
+            scores={name: float(score) for name, score in zip(self._names, scores)},
+        )
+
+    def _intent_scores(self, similarities: NDArray[np.float64]) -> NDArray[np.float64]:
+        scores = np.empty(len(self._rows))
+        for i, rows in enumerate(self._rows):
+            mine = np.sort(similarities[rows])[::-1]
+            scores[i] = 0.5 * (mine[0] + mine[:_TOP_K].mean())
+        return scores

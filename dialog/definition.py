@@ -1,0 +1,157 @@
+"""The bot definition: what a YAML bot file may say, as pydantic models.
+
+Field-level checks (types, unknown keys, regexes that compile) live on the models. Checks
+that relate one part of the file to another (a flow for an intent that does not exist, a
+slot an intent names but nobody defines) live in `reference_errors`, which returns them with
+a location path so the loader can point at the offending line just as it does for pydantic's
+own errors. This module does not read files; see `loader.py`.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+OUT_OF_SCOPE = "out_of_scope"
+"""The label the classifier returns when no intent fits; no intent may take this name."""
+
+Loc = tuple[str | int, ...]
+
+
+class _Strict(BaseModel):
+    # A misspelt key ("exmaples") must fail loudly, not be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Slot(_Strict):
+    """A piece of information a flow needs, and how to find it in the user's text.
+
+    `kind: amount` uses the built-in money/number extractor; a `text` slot needs a
+    `pattern` (first non-empty capture group, else the whole match) or a list of `values`.
+    """
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    kind: Literal["text", "amount"] = "text"
+    pattern: str | None = None
+    values: list[str] | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regex: {exc}") from exc
+        return pattern
+
+
+class Intent(_Strict):
+    """Something a user may want, taught to the classifier by example utterances."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    examples: list[str] = Field(min_length=1)
+    cacheable: bool = False
+    slots: list[str] = []
+
+
+class Flow(_Strict):
+    """What the bot does once an intent is detected: ask, confirm, act; or hand off."""
+
+    ask: dict[str, str] = {}
+    confirm: str | None = None
+    action: str | None = None
+    hand_off: bool = False
+
+
+class BotDefinition(_Strict):
+    """A whole bot: its persona, what it understands, and how it carries each request out."""
+
+    system_prompt: str = Field(min_length=1)
+    intents: list[Intent] = Field(min_length=1)
+    slots: list[Slot] = []
+    flows: dict[str, Flow] = {}
+
+    def intent(self, name: str) -> Intent:
+        """Return the intent called `name` (KeyError if there is none)."""
+        for intent in self.intents:
+            if intent.name == name:
+                return intent
+        raise KeyError(name)
+
+    def slot(self, name: str) -> Slot:
+        """Return the slot called `name` (KeyError if there is none)."""
+        for slot in self.slots:
+            if slot.name == name:
+                return slot
+        raise KeyError(name)
+
+    def flow(self, intent: str) -> Flow:
+        """Return the flow of `intent`; an intent without one simply acts at once."""
+        return self.flows.get(intent, Flow())
+
+
+def reference_errors(bot: BotDefinition) -> list[tuple[Loc, str]]:
+    """Find the places where one part of the bot contradicts another.
+
+    Args:
+        bot: A definition that already passed field validation.
+
+    Returns:
+        (location path, message) pairs, in file order; empty when the bot is consistent.
+    """
+    errors: list[tuple[Loc, str]] = []
+    intent_names = [intent.name for intent in bot.intents]
+    slot_names = {slot.name for slot in bot.slots}
+    seen: set[str] = set()
+    for i, intent in enumerate(bot.intents):
+        if intent.name == OUT_OF_SCOPE:
+            errors.append((("intents", i, "name"), f"'{OUT_OF_SCOPE}' is reserved for the fallback"))
+        if intent.name in seen:
+            errors.append((("intents", i, "name"), f"duplicate intent '{intent.name}'"))
+        seen.add(intent.name)
+        for j, slot_name in enumerate(intent.slots):
+            if slot_name not in slot_names:
+                errors.append((("intents", i, "slots", j), f"unknown slot '{slot_name}'"))
+        if intent.slots and intent.name not in bot.flows:
+            errors.append((("intents", i, "slots"), f"intent '{intent.name}' has slots but no flow to ask for them"))
+    seen = set()
+    for k, slot in enumerate(bot.slots):
+        if slot.name in seen:
+            errors.append((("slots", k, "name"), f"duplicate slot '{slot.name}'"))
+        seen.add(slot.name)
+        if slot.kind == "text" and slot.pattern is None and not slot.values:
+            errors.append((("slots", k), "a text slot needs a pattern or values to be extracted"))
+        if slot.kind == "amount" and (slot.pattern is not None or slot.values):
+            errors.append((("slots", k, "kind"), "an amount slot takes no pattern or values"))
+    for name, flow in bot.flows.items():
+        errors.extend(_flow_errors(name, flow, bot if name in intent_names else None))
+    return errors
+
+
+def _flow_errors(name: str, flow: Flow, bot: BotDefinition | None) -> list[tuple[Loc, str]]:
+    if bot is None:
+        return [(("flows", name), f"flow for unknown intent '{name}'")]
+    errors: list[tuple[Loc, str]] = []
+    slots = bot.intent(name).slots
+    if flow.hand_off and (flow.ask or flow.confirm or flow.action):
+        errors.append((("flows", name, "hand_off"), "a hand-off flow cannot also ask, confirm or act"))
+    for slot in flow.ask:
+        if slot not in slots:
+            errors.append((("flows", name, "ask", slot), f"intent '{name}' has no slot '{slot}'"))
+    for slot in slots:
+        if slot not in flow.ask and not flow.hand_off:
+            errors.append((("flows", name, "ask"), f"no prompt for slot '{slot}'"))
+    if flow.confirm is not None:
+        try:
+            fields = {field for _, field, _, _ in string.Formatter().parse(flow.confirm) if field is not None}
+        except ValueError as exc:
+            return errors + [(("flows", name, "confirm"), f"bad template: {exc}")]
+        for field in sorted(fields - set(slots)):
+            errors.append((("flows", name, "confirm"), f"placeholder '{{{field}}}' is not a slot of '{name}'"))
+    return errors

@@ -1,0 +1,137 @@
+"""Load a bot YAML file into a `BotDefinition`, with errors that name the line at fault.
+
+Pydantic reports where a value is wrong as a path (`("intents", 1, "examples")`); a person
+editing YAML wants a line number. We compose the YAML into its node tree, whose nodes carry
+their position, and walk the same path through it. When the path ends at a key that is not
+there (a missing field) we point at the mapping that should have held it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml  # type: ignore[import-untyped]  # no stubs in the environment
+from pydantic import ValidationError
+
+from .definition import BotDefinition, Loc, reference_errors
+
+BOTS_DIR = Path(__file__).parent / "bots"
+
+
+class BotDefinitionError(ValueError):
+    """A bot file that cannot be used; `problems` holds one "file line N: where: what" per fault."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_bot(path: str | Path) -> BotDefinition:
+    """Read and validate a bot definition.
+
+    Args:
+        path: A YAML file, or the name of a bot shipped in `dialog/bots` (e.g. "customer_service").
+
+    Returns:
+        The validated definition.
+
+    Raises:
+        BotDefinitionError: The YAML is malformed or the definition is invalid; every
+            problem found is listed with its line number.
+        FileNotFoundError: There is no such file and no shipped bot of that name.
+    """
+    file = _resolve(path)
+    return parse_bot(file.read_text(encoding="utf-8"), source=file.name)
+
+
+def parse_bot(text: str, source: str = "<bot>") -> BotDefinition:
+    """Validate a bot definition given as YAML text; `source` names it in error messages."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data: Any = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        raise BotDefinitionError([f"{source} line {line}: YAML syntax error: {exc.problem}"]) from exc
+    problems = [f"{source} line {line}: {msg}" for line, msg in _duplicate_keys(root)]
+    try:
+        bot = BotDefinition.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        for error in exc.errors():
+            loc = tuple(error["loc"])
+            message = error["msg"][:1].lower() + error["msg"][1:]
+            problems.append(_format(source, root, loc, message))
+        raise BotDefinitionError(problems) from exc
+    problems += [_format(source, root, loc, message) for loc, message in reference_errors(bot)]
+    if problems:
+        raise BotDefinitionError(problems)
+    return bot
+
+
+def _resolve(path: str | Path) -> Path:
+    file = Path(path)
+    if file.exists():
+        return file
+    shipped = BOTS_DIR / f"{path}.yaml"
+    if isinstance(path, str) and "/" not in path and shipped.exists():
+        return shipped
+    raise FileNotFoundError(f"no bot file {str(path)!r} and no shipped bot of that name in {BOTS_DIR}")
+
+
+def _format(source: str, root: yaml.Node | None, loc: Loc, message: str) -> str:
+    where = _loc_text(loc)
+    return f"{source} line {_line_of(root, loc)}: {where + ': ' if where else ''}{message}"
+
+
+def _loc_text(loc: Loc) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _line_of(node: yaml.Node | None, loc: Loc) -> int:
+    """The 1-based line of the deepest node on `loc` that exists in the file."""
+    if node is None:
+        return 1
+    line: int = node.start_mark.line + 1
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            # Pydantic adds non-path parts for some errors (e.g. a union's member type);
+            # skipping them keeps walking the real path rather than stopping at its parent.
+            continue
+        key, node = child
+        # A field is named on its key's line; its block value may only start on the next.
+        line = (key if key is not None else node).start_mark.line + 1
+    return line
+
+
+def _child(node: yaml.Node, part: str | int) -> tuple[yaml.Node | None, yaml.Node] | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in reversed(node.value):  # PyYAML keeps the last of duplicate keys
+            if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                return key, value
+    elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+        return None, node.value[part]
+    return None
+
+
+def _duplicate_keys(node: yaml.Node | None) -> list[tuple[int, str]]:
+    """PyYAML silently keeps the last of two equal keys; in a bot file that hides a mistake."""
+    if node is None:
+        return []
+    found: list[tuple[int, str]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    found.append((key.start_mark.line + 1, f"duplicate key '{key.value}'"))
+                seen.add(key.value)
+            found += _duplicate_keys(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            found += _duplicate_keys(item)
+    return found

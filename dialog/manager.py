@@ -1,0 +1,134 @@
+"""One user turn through the dialogue layer: classify, extract slots, step the state machine.
+
+The manager turns text into exactly one event per turn and says what the bot should do next
+(ask for a slot, ask for confirmation, perform an action, or nothing special). It does not
+perform actions: when a decision carries an `action`, the caller performs it and then applies
+an ACTED event, e.g. with `apply_with_retry`. A turn in a state that takes no user input
+(ACTING, HANDED_OFF) raises `IllegalTransitionError`; the caller routes such turns elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .classifier import IntentClassifier
+from .definition import OUT_OF_SCOPE, BotDefinition
+from .slots import SlotExtractor
+from .state_machine import DialogueEvent, DialogueStateMachine, EventType, State
+
+_YES = re.compile(r"\b(yes|yeah|yep|yup|sure|correct|confirm(ed)?|ok(ay)?|go ahead|do it|please do)\b", re.I)
+_NO = re.compile(r"\b(no|nope|nah|cancel|don'?t|do not|stop|wrong)\b", re.I)
+
+
+@dataclass(frozen=True)
+class TurnDecision:
+    """What one user turn resolved to.
+
+    Attributes:
+        state: The new dialogue state dict, to be saved.
+        intent: The intent the conversation is about now ("out_of_scope" if none).
+        confidence: The classifier confidence the intent was detected with.
+        confirmed: The user confirmed the flow, or the confidence exceeded `promote_threshold`.
+        prompt: What the bot should ask next (a missing slot or the confirmation), if anything.
+        cacheable: Answers to this intent may be served from the answer cache.
+        action: The flow's action to perform now, when the flow reached ACTING.
+    """
+
+    state: dict[str, Any]
+    intent: str
+    confidence: float
+    confirmed: bool
+    prompt: str | None
+    cacheable: bool
+    action: str | None
+
+
+class DialogueManager:
+    """Drives a bot's flows from user text, holding no per-conversation state itself."""
+
+    def __init__(self, bot: BotDefinition, classifier: IntentClassifier, promote_threshold: float = 0.95) -> None:
+        """Args:
+        bot: The bot whose flows to run.
+        classifier: Recognises the bot's intents.
+        promote_threshold: Classifier confidence above which an intent counts as confirmed
+            without asking the user.
+        """
+        if not 0.0 <= promote_threshold <= 1.0:
+            raise ValueError(f"promote_threshold must be in [0, 1], got {promote_threshold}")
+        self.bot = bot
+        self.classifier = classifier
+        self.promote_threshold = promote_threshold
+        self._extractor = SlotExtractor(bot)
+
+    def handle(self, state: dict[str, Any] | None, text: str, turn_id: str | None = None) -> TurnDecision:
+        """Process one user turn.
+
+        Args:
+            state: The conversation's state dict, or None for a new conversation.
+            text: What the user said.
+            turn_id: A unique id of this turn (e.g. the message id); it makes a retried turn
+                a no-op instead of a second event.
+
+        Returns:
+            The decision, including the new state.
+
+        Raises:
+            IllegalTransitionError: The conversation is in a state that takes no user turn.
+        """
+        machine = DialogueStateMachine.from_dict(state) if state else DialogueStateMachine()
+        machine.apply(self._event(machine, text, turn_id))
+        return self._decide(machine)
+
+    def _event(self, machine: DialogueStateMachine, text: str, turn_id: str | None) -> DialogueEvent:
+        if machine.state in (State.COLLECTING_SLOTS, State.CONFIRMING) and machine.intent is not None:
+            if machine.state == State.CONFIRMING:
+                # "no" is checked first: "no, don't do it" contains "do it".
+                if _NO.search(text):
+                    return DialogueEvent(EventType.DENIED, event_id=turn_id)
+                if _YES.search(text):
+                    return DialogueEvent(EventType.CONFIRMED, event_id=turn_id)
+            found = self._extractor.extract(text, self.bot.intent(machine.intent).slots)
+            changed = {k: v for k, v in found.items() if machine.slots.get(k) != v}
+            if changed:
+                return DialogueEvent(EventType.SLOT_FILLED, {"slots": changed}, turn_id)
+            result = self.classifier.classify(text)
+            if result.intent not in (OUT_OF_SCOPE, machine.intent):
+                return self._detected(result.intent, result.confidence, text, turn_id)
+            return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id)
+        result = self.classifier.classify(text)
+        if result.intent == OUT_OF_SCOPE:
+            return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text, "confidence": result.confidence}, turn_id)
+        return self._detected(result.intent, result.confidence, text, turn_id)
+
+    def _detected(self, intent: str, confidence: float, text: str, turn_id: str | None) -> DialogueEvent:
+        flow = self.bot.flow(intent)
+        if flow.hand_off:
+            return DialogueEvent(EventType.HAND_OFF, {"intent": intent, "confidence": confidence}, turn_id)
+        payload = {
+            "intent": intent,
+            "confidence": confidence,
+            "slots": self._extractor.extract(text, self.bot.intent(intent).slots),
+            "required": self.bot.intent(intent).slots,
+            "confirm": flow.confirm is not None,
+        }
+        return DialogueEvent(EventType.INTENT_DETECTED, payload, turn_id)
+
+    def _decide(self, machine: DialogueStateMachine) -> TurnDecision:
+        intent = machine.intent if machine.intent is not None else OUT_OF_SCOPE
+        flow = self.bot.flow(intent) if intent != OUT_OF_SCOPE else None
+        prompt = None
+        if flow is not None and machine.state == State.COLLECTING_SLOTS:
+            prompt = flow.ask[machine.missing_slots[0]]
+        elif flow is not None and machine.state == State.CONFIRMING and flow.confirm is not None:
+            prompt = flow.confirm.format(**machine.slots)
+        return TurnDecision(
+            state=machine.to_dict(),
+            intent=intent,
+            confidence=machine.confidence,
+            confirmed=machine.confirmed or machine.confidence > self.promote_threshold,
+            prompt=prompt,
+            cacheable=intent != OUT_OF_SCOPE and self.bot.intent(intent).cacheable,
+            action=flow.action if flow is not None and machine.state == State.ACTING else None,
+        )

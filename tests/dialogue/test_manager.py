@@ -1,0 +1,90 @@
+"""One turn at a time through the shipped bot's flows, on the toy embedder."""
+
+from __future__ import annotations
+
+import pytest
+
+from dialog import OUT_OF_SCOPE, DialogueManager, IllegalTransitionError, IntentClassifier
+
+
+@pytest.fixture()
+def manager(bot, embed) -> DialogueManager:
+    return DialogueManager(bot, IntentClassifier(bot, embed))
+
+
+def test_flow_asks_each_missing_slot_then_confirms_then_acts(bot, embed) -> None:
+    # promote_threshold=1: only the user's "yes" may confirm here, not the classifier.
+    manager = DialogueManager(bot, IntentClassifier(bot, embed), promote_threshold=1.0)
+    first = manager.handle(None, "I want to transfer money")
+    assert (first.intent, first.state["state"]) == ("transfer_money", "COLLECTING_SLOTS")
+    assert first.prompt == "How much would you like to transfer?"
+    assert first.state["flow_active"] and first.action is None
+
+    second = manager.handle(first.state, "250 dollars")
+    assert second.state["slots"] == {"amount": "250"}
+    assert second.prompt == "What is the 8-digit number of the account it should go to?"
+
+    third = manager.handle(second.state, "it's 12345678")
+    assert third.state["state"] == "CONFIRMING"
+    assert third.prompt == "Shall I transfer 250 to account 12345678?"
+    assert not third.confirmed
+
+    fourth = manager.handle(third.state, "yes please")
+    assert fourth.confirmed and fourth.action == "transfer_money"
+    assert fourth.state["state"] == "ACTING" and fourth.prompt is None
+
+
+def test_slots_given_up_front_are_not_asked_for(manager) -> None:
+    decision = manager.handle(None, "transfer 40 to account 87654321")
+    assert decision.state["slots"] == {"amount": "40", "to_account": "87654321"}
+    assert decision.state["state"] == "CONFIRMING"
+
+
+def test_no_at_confirmation_cancels(manager) -> None:
+    asked = manager.handle(None, "I lost my debit card")
+    assert asked.prompt == "Shall I block your debit card now?"
+    cancelled = manager.handle(asked.state, "no, don't do it")
+    assert cancelled.state["state"] == "IDLE" and cancelled.intent == OUT_OF_SCOPE
+
+
+def test_unclear_reply_mid_flow_reasks_the_question(manager) -> None:
+    asked = manager.handle(None, "I want to transfer money")
+    again = manager.handle(asked.state, "hmm, let me think")
+    assert again.state["state"] == "COLLECTING_SLOTS"
+    assert again.prompt == asked.prompt and again.intent == "transfer_money"
+
+
+def test_cacheable_intent_without_flow_acts_at_once(manager) -> None:
+    decision = manager.handle(None, "What are your opening hours?")
+    assert decision.intent == "opening_hours" and decision.cacheable
+    assert decision.state["state"] == "ACTING" and decision.action is None
+    assert not manager.handle(None, "Check my balance please").cacheable
+
+
+def test_high_confidence_promotes_to_confirmed(bot, embed) -> None:
+    classifier = IntentClassifier(bot, embed)
+    text = "What are your opening hours?"
+    confidence = classifier.classify(text).confidence
+    assert DialogueManager(bot, classifier, promote_threshold=confidence - 0.01).handle(None, text).confirmed
+    assert not DialogueManager(bot, classifier, promote_threshold=min(confidence + 0.001, 1.0)).handle(
+        None, text
+    ).confirmed
+
+
+def test_hand_off_and_then_no_more_bot_turns(manager) -> None:
+    handed = manager.handle(None, "I want to talk to a human")
+    assert handed.state["state"] == "HANDED_OFF" and handed.intent == "talk_to_human"
+    with pytest.raises(IllegalTransitionError, match="HANDED_OFF"):
+        manager.handle(handed.state, "check my balance please")
+
+
+def test_retried_turn_is_a_no_op(manager) -> None:
+    first = manager.handle(None, "I want to transfer money", turn_id="m1")
+    again = manager.handle(first.state, "I want to transfer money", turn_id="m1")
+    assert again.state == first.state
+
+
+def test_out_of_scope_turn(manager) -> None:
+    decision = manager.handle(None, "quantum chromodynamics lecture")
+    assert decision.intent == OUT_OF_SCOPE and decision.prompt is None and not decision.cacheable
+    assert decision.state["state"] == "IDLE" and decision.state["version"] == 1
