@@ -1,8 +1,9 @@
-"""The `chatcache` command."""
+"""The `chatcache` command: chat, ask (one turn, then exit) and eval."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -10,31 +11,91 @@ import sys
 DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
 
 
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="bundled", help="'bundled', a Hugging Face model id or a local path")
+    parser.add_argument("--system", default=None, help="system prompt (default: the bot's, or a generic one)")
+    parser.add_argument("--db", default=None, help="SQLAlchemy URL of the session database (default: SQLite in the data dir)")
+    parser.add_argument("--bot", default=None, help="bot definition: a YAML file or a shipped bot name")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--no-drift", action="store_true", help="do not detect topic changes")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chatcache", description="Chatbots on local models, with a hierarchical cache.")
     commands = parser.add_subparsers(dest="command", required=True)
     chat = commands.add_parser("chat", help="chat in the terminal with the bundled model (or --model)")
-    chat.add_argument("--model", default="bundled", help="'bundled', a Hugging Face model id or a local path")
-    chat.add_argument("--system", default=DEFAULT_SYSTEM_PROMPT, help="system prompt")
+    _engine_options(chat)
     chat.add_argument("--session", default="default", help="session id")
-    chat.add_argument("--max-new-tokens", type=int, default=256)
     chat.add_argument("--plain", action="store_true", help="line mode, for pipes and non-TTY use")
+    ask = commands.add_parser("ask", help="answer one message in a session, then exit")
+    _engine_options(ask)
+    ask.add_argument("--session", required=True, help="session id; the conversation continues from the database")
+    ask.add_argument("--json", action="store_true", help="print one JSON object")
+    ask.add_argument("text", help="the user's message")
+    evaluate = commands.add_parser("eval", help="evaluations on labelled data (JSON output)")
+    evals = evaluate.add_subparsers(dest="evaluation", required=True)
+    drift = evals.add_parser("drift", help="drift detection against SGD domain switches")
+    drift.add_argument("--data", required=True, help="SGD dialogues, JSON Lines")
+    drift.add_argument("--schema", default=None, help="SGD schema.json (domain prototypes)")
+    drift.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from chatcache import ChatEngine
+
+    system = args.system or (None if args.bot else DEFAULT_SYSTEM_PROMPT)
+    return ChatEngine(args.model, system_prompt=system, store=args.db, bot=args.bot, drift=not args.no_drift)
+
+
+def _ask(args: argparse.Namespace) -> int:
+    with _build_engine(args) as engine:
+        reply = engine.chat(args.session, args.text, max_new_tokens=args.max_new_tokens)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "reply": reply.text,
+                    "session": reply.session_id,
+                    "state": reply.dialogue_state,
+                    "intent": reply.intent,
+                    "confidence": reply.confidence,
+                    "drift": reply.stats.drift,
+                    "stats": reply.stats.as_dict(),
+                }
+            )
+        )
+    else:
+        print(reply.text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    from apps.plain_chat import run_plain_chat
-    from chatcache import ChatCacheError, ChatEngine
+    quiet = getattr(args, "json", False)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    from chatcache import ChatCacheError, StorageError
+    from dialog import BotDefinitionError
 
     try:
-        engine = ChatEngine(args.model, system_prompt=args.system)
-    except ChatCacheError as exc:
+        if args.command == "eval":
+            from .drift_eval import main as drift_main
+
+            schema = ["--schema", args.schema] if args.schema else []
+            return drift_main(["--data", args.data, *schema, *(["--json"] if args.json else [])])
+        if args.command == "ask":
+            return _ask(args)
+        from apps.plain_chat import run_plain_chat
+
+        engine = _build_engine(args)
+        try:
+            return run_plain_chat(engine, args.session, args.max_new_tokens, sys.stdin, sys.stdout)
+        finally:
+            engine.close()
+    except (ChatCacheError, StorageError, BotDefinitionError) as exc:
         print(f"chatcache: {exc}", file=sys.stderr)
         return 2
-    return run_plain_chat(engine, args.session, args.max_new_tokens, sys.stdin, sys.stdout)
 
 
 if __name__ == "__main__":

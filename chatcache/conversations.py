@@ -100,8 +100,10 @@ class Conversations:
         conversation.system = Message("system", content) if content else None
         conversation.segments.ids.clear()
 
-    def record_user(self, conversation: Conversation, text: str, tokens: int) -> None:
-        self.store.append_message(conversation.id, "user", text, tokens)
+    def record_user(self, conversation: Conversation, text: str, tokens: int) -> str:
+        """Store the user's message before anything can fail; returns an id for this turn."""
+        message = self.store.append_message(conversation.id, "user", text, tokens)
+        return f"{conversation.id}:{message.seq}"
 
     def record_reply(self, conversation: Conversation, user: Message, reply: Message, meta: dict[str, Any]) -> None:
         """Store the reply, then add the finished turn to the conversation in memory."""

@@ -1,28 +1,35 @@
 """ChatEngine: answers a user turn by turn on a local model, serving what it can from its caches.
 
-One turn, top to bottom (`_run_turn`): check the message, lay out the prompt (system prompt,
-the turns that fit the context window, the new message), take the session's KV from the token
-tier, prefill only what it lacks, stream the reply, then record the turn and hand the KV back.
-A turn that fails leaves the session exactly as it was; a cancelled one keeps what was said.
+One turn, top to bottom (`_run_turn`): check the message and record it in the session tier;
+let the dialogue layer and drift detection steer the tiers (`hcac.py`); lay out the prompt
+(system prompt with confirmed facts, the turns that fit, the new message); take the session's
+KV from the token tier, prefill only what it lacks, stream the reply; record the reply and
+hand the KV back. A failed turn keeps the user's message in the record and changes nothing
+else; a cancelled one keeps what was said.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
+from pathlib import Path
 
+from dialog import BotDefinition, load_bot
 from storage import ChatSession, SessionStore
 
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .conversations import Conversation, Conversations
+from .drift import DriftConfig, DriftDetector
 from .errors import InvalidMessageError
 from .generation import generate_tokens, prefill
+from .hcac import ContextCoordinator, Embed, TurnContext, intent_prototypes, sentence_embed
 from .kv import kv_bytes_per_token
-from .models import ChatModel, load_chat_model
+from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message, PromptRenderer, RenderedSegments
 from .reply import Reply, ReplyStream, TurnStats
 from .text_stream import TextStream
 from .token_tier import TokenTier, TokenTierStats
+from .turn_tier import TurnTier, TurnTierConfig
 
 
 class ChatEngine:
@@ -31,15 +38,21 @@ class ChatEngine:
     Args:
         model: "bundled" (SmolLM2-135M-Instruct, offline), a model id, a local path, or a loaded `ChatModel`.
         system_prompt: the bot's instructions; their KV is computed once and shared by every session.
+            Defaults to the bot's system prompt when a bot is given.
         answer_cache: serve repeated questions from the answer cache (accepted; built by a later release).
-        drift: detect topic changes and drop stale context (accepted; built by a later release).
+        drift: detect topic changes and drop stale context; True for the defaults or a `DriftConfig`.
         token_tier: KV reuse settings; by default 1 GiB in memory, cold sessions spilled under the data dir.
         context_window: prompt plus reply limit in tokens; defaults to the model's.
         device: where the model runs; defaults to CUDA when available.
         store: the session tier: a `SessionStore`, a SQLAlchemy URL, or None for the SQLite
             file in the data directory. Conversations continue across processes through it.
-        bot: the bot's name in the session tier (a session belongs to one bot and one user).
+        bot: a bot definition (YAML path, shipped bot name, or `BotDefinition`): intents, slots
+            and flows for the dialogue state machine. Without one the engine is a plain chatbot.
         user_id: the user the sessions belong to.
+        embedder: the sentence embedder for intents and drift: "bundled", a model id, a path, or a
+            function from texts to unit-normalised rows.
+        promote_threshold: intent confidence above which a turn's intent and slots become facts.
+        turn_tier: TTL and bounds of the in-process turn tier.
     """
 
     def __init__(
@@ -47,23 +60,39 @@ class ChatEngine:
         model: str | ChatModel = "bundled",
         system_prompt: str | None = None,
         answer_cache: bool = False,
-        drift: bool = False,
+        drift: bool | DriftConfig = False,
         token_tier: TokenTierConfig | None = None,
         context_window: int | None = None,
         device: str | None = None,
         store: SessionStore | str | None = None,
-        bot: str = "default",
+        bot: BotDefinition | str | Path | None = None,
         user_id: str = "local",
+        embedder: str | Embed = "bundled",
+        promote_threshold: float = 0.95,
+        turn_tier: TurnTierConfig | None = None,
     ) -> None:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
-        self.system_prompt = system_prompt or None
+        self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
+        self.system_prompt = system_prompt or (self.bot.system_prompt if self.bot else None)
         self.answer_cache_enabled = answer_cache
-        self.drift_enabled = drift
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
         self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)
+        self.token_tier = self._build_token_tier(token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv"))
+        self._system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
+        if not isinstance(store, SessionStore):
+            store = SessionStore(store) if store else SessionStore.open(default_data_dir())
+        self.store = store
+        bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
+        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt)
+        self.turn_tier = TurnTier(turn_tier)
+        self.coordinator = self._build_coordinator(drift, embedder, device, promote_threshold)
+
+    def _build_token_tier(self, config: TokenTierConfig) -> TokenTier:
         hf_model = self.chat_model.model
-        config = token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv")
-        self.token_tier = TokenTier(
+        eos = self.chat_model.tokenizer.eos_token_id
+        generation_eos = hf_model.generation_config.eos_token_id
+        self._eos_ids = {i for e in (eos, generation_eos) for i in (e if isinstance(e, list) else [e]) if i is not None}
+        return TokenTier(
             config,
             model_config=hf_model.config,
             bytes_per_token=kv_bytes_per_token(hf_model.config, hf_model.dtype),
@@ -71,20 +100,25 @@ class ChatEngine:
             spill_identity=(self.chat_model.identity, self.renderer.template_hash),
             device=hf_model.device,
         )
-        eos = self.chat_model.tokenizer.eos_token_id
-        generation_eos = hf_model.generation_config.eos_token_id
-        self._eos_ids = {i for e in (eos, generation_eos) for i in (e if isinstance(e, list) else [e]) if i is not None}
-        self._system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
-        if not isinstance(store, SessionStore):
-            store = SessionStore(store) if store else SessionStore.open(default_data_dir())
-        self.store = store
-        self.conversations = Conversations(store, bot, user_id, self.system_prompt)
+
+    def _build_coordinator(
+        self, drift: bool | DriftConfig, embedder: str | Embed, device: str | None, promote_threshold: float
+    ) -> ContextCoordinator | None:
+        if not drift and self.bot is None:
+            return None  # a plain chatbot: no embedder to load, nothing to steer
+        embed = embedder if callable(embedder) else sentence_embed(load_embedder(embedder, device=device))
+
+        detector = None
+        if drift:
+            prototypes = intent_prototypes(self.bot, embed) if self.bot else None
+            detector = DriftDetector(drift if isinstance(drift, DriftConfig) else None, prototypes)
+        return ContextCoordinator(self.conversations, self.turn_tier, embed, self.bot, detector, promote_threshold)
 
     # -- public API -------------------------------------------------------------------
 
     def chat(self, session_id: str, text: str, **generation: object) -> Reply:
         """Answer `text` in `session_id` (created on first use) and return the whole reply."""
-        stream = self.stream(session_id, text, **generation)
+        stream = self.stream(session_id, text, **generation)  # type: ignore[arg-type]
         for _ in stream:
             pass
         reply = stream.reply
@@ -105,7 +139,7 @@ class ChatEngine:
 
         Raises:
             InvalidMessageError: empty text (at once), or a message that cannot fit the context
-                window (when iteration starts). The session is left unchanged either way.
+                window (when iteration starts). Nothing is recorded either way.
         """
         params = GenerationConfig(
             max_new_tokens=max_new_tokens,
@@ -114,8 +148,10 @@ class ChatEngine:
             stop=tuple([stop] if isinstance(stop, str) else stop or ()),
             seed=seed,
         )
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidMessageError("The message is empty: type something to send.")
         holder: list[Reply] = []
-        pieces = self._run_turn(session_id, self._check_text(text), params, holder)
+        pieces = self._run_turn(session_id, text, params, holder)
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
 
     def history(self, session_id: str) -> list[Message]:
@@ -131,14 +167,29 @@ class ChatEngine:
         return self.store.list_sessions(user_id=self.conversations.user_id)
 
     def end_session(self, session_id: str) -> None:
-        """End a session in the session tier and release its cached KV (memory and disk).
+        """End a session in the session tier and release its turn and token tiers.
 
         Raises:
             UnknownSessionError: no such session in the session tier.
         """
         self.store.end_session(session_id)
+        self.release_session(session_id)
+
+    def release_session(self, session_id: str) -> None:
+        """Free what a session holds in memory and on disk (it ended or expired)."""
         self.conversations.forget(session_id)
         self.token_tier.drop(session_id)
+        if self.coordinator is not None:
+            self.coordinator.release(session_id)
+        else:
+            self.turn_tier.invalidate(session_id)
+
+    def expire_sessions(self) -> list[str]:
+        """Expire idle sessions in the session tier and release their cache tiers."""
+        expired = self.store.expire_sessions()
+        for session_id in expired:
+            self.release_session(session_id)
+        return expired
 
     def close(self) -> None:
         """Spill idle sessions' KV to disk and close the session database.
@@ -160,72 +211,109 @@ class ChatEngine:
 
     # -- one turn ---------------------------------------------------------------------
 
-    def _check_text(self, text: str) -> str:
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidMessageError("The message is empty: type something to send.")
-        return text
-
-    def _run_turn(self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]) -> Iterator[str]:
+    def _run_turn(
+        self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]
+    ) -> Generator[str, None, None]:
         started = time.perf_counter()
         conversation = self.conversations.open(session_id, create=True)
         with conversation.lock:
             user = Message("user", text)
-            prompt, dropped, user_tokens = self._layout_prompt(conversation, user, params.max_new_tokens)
-            self.conversations.record_user(conversation, text, user_tokens)
-            checkout = self.token_tier.checkout(session_id, prompt, self._system_ids, len(prompt) + params.max_new_tokens)
-            stats = TurnStats(
-                prompt_tokens=len(prompt),
-                reused_tokens=checkout.reused,
-                prefilled_tokens=len(prompt) - checkout.reused,
-                tier=checkout.tier,
-                dropped_turns=dropped,
+            self._check_fits(conversation, user, params.max_new_tokens)
+            tokens = len(self.chat_model.tokenizer.encode(text, add_special_tokens=False))
+            turn_id = self.conversations.record_user(conversation, text, tokens)
+            context = (
+                self.coordinator.before_reply(conversation, text, turn_id) if self.coordinator else TurnContext()
             )
-            generated: list[int] = []
-            entropies: list[float] = []
-            text_stream = TextStream(self.chat_model.tokenizer, params.stop)
-            stats.finish_reason = "cancelled"
-            try:
-                tokens = generate_tokens(
-                    self.chat_model.model, checkout.cache, prompt[checkout.reused:], params, self._eos_ids
-                )
-                for token in tokens:
-                    if not generated:
-                        stats.ttft_s = time.perf_counter() - started
-                    generated.append(token.token_id)
-                    entropies.append(token.entropy_bits)
-                    piece = text_stream.add(token.token_id)
-                    if piece:
-                        yield piece
-                    if text_stream.stopped:
-                        break
-                stats.finish_reason = self._finish_reason(generated, text_stream)
-                tail = text_stream.flush()
-                if tail:
-                    yield tail
-            except GeneratorExit:
-                pass  # the reader stopped reading: keep what was generated
-            except BaseException:
-                self.token_tier.release(session_id)  # the session stays exactly as it was
-                raise
-            if not generated:
-                self.token_tier.release(session_id)
-                return
-            stats.total_s = time.perf_counter() - started
-            stats.generated_tokens = len(generated)
-            decode_s = stats.total_s - stats.ttft_s
-            stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
-            stats.mean_entropy_bits = sum(entropies) / len(entropies)
-            # The KV covers the prompt and every reply token but the last, which was never fed.
-            self.token_tier.checkin(session_id, prompt + generated[:-1], checkout.cache)
-            reply = Message("assistant", text_stream.text, tuple(generated))
+            stats = TurnStats(drift=context.drift)
+            if context.bot_reply is not None:
+                # The flow needs a slot or a confirmation: the bot's own question is the answer.
+                stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - started
+                yield context.bot_reply
+                reply = Message("assistant", context.bot_reply)
+            else:
+                prompt, stats.dropped_turns = self._layout_prompt(conversation, user, params.max_new_tokens)
+                generated: list[Message] = []
+                try:
+                    yield from self._generate(session_id, prompt, params, stats, started, generated)
+                except GeneratorExit:
+                    pass  # cancelled: `_generate` already kept what was generated
+                if not generated:
+                    return
+                reply = generated[0]
             meta = {"tier": stats.tier, "finish_reason": stats.finish_reason, "ttft_s": stats.ttft_s}
             try:
                 self.conversations.record_reply(conversation, user, reply, meta)
             except BaseException:
                 self.conversations.forget(session_id)  # memory must not run ahead of the record
                 raise
+            if self.coordinator is not None:
+                self.coordinator.after_reply(conversation, context, turn_id)
+            stats.total_s = time.perf_counter() - started
             stats.kv_bytes = self.token_tier.resident_bytes()
-            holder.append(Reply(session_id, text_stream.text, generated, stats))
+            holder.append(
+                Reply(
+                    session_id,
+                    reply.content,
+                    list(reply.generated_ids or ()),
+                    stats,
+                    intent=context.intent,
+                    confidence=context.confidence,
+                    dialogue_state=context.dialogue_state,
+                )
+            )
+
+    def _generate(
+        self,
+        session_id: str,
+        prompt: list[int],
+        params: GenerationConfig,
+        stats: TurnStats,
+        started: float,
+        out: list[Message],
+    ) -> Generator[str, None, None]:
+        """Stream the model's reply on the session's cached KV and append it to `out`.
+
+        The reply is handed over through `out`, not returned: when the reader cancels, Python
+        closes this generator and a return value would be lost.
+        """
+        checkout = self.token_tier.checkout(session_id, prompt, self._system_ids, len(prompt) + params.max_new_tokens)
+        stats.prompt_tokens, stats.reused_tokens, stats.tier = len(prompt), checkout.reused, checkout.tier
+        stats.prefilled_tokens = len(prompt) - checkout.reused
+        generated: list[int] = []
+        entropies: list[float] = []
+        text_stream = TextStream(self.chat_model.tokenizer, params.stop)
+        stats.finish_reason = "cancelled"
+        try:
+            tokens = generate_tokens(self.chat_model.model, checkout.cache, prompt[checkout.reused:], params, self._eos_ids)
+            for token in tokens:
+                if not generated:
+                    stats.ttft_s = time.perf_counter() - started
+                generated.append(token.token_id)
+                entropies.append(token.entropy_bits)
+                piece = text_stream.add(token.token_id)
+                if piece:
+                    yield piece
+                if text_stream.stopped:
+                    break
+            stats.finish_reason = self._finish_reason(generated, text_stream)
+            tail = text_stream.flush()
+            if tail:
+                yield tail
+        except GeneratorExit:
+            pass  # the reader stopped reading: keep what was generated
+        except BaseException:
+            self.token_tier.release(session_id)  # the session's KV is recomputed next turn
+            raise
+        if not generated:
+            self.token_tier.release(session_id)
+            return
+        decode_s = time.perf_counter() - started - stats.ttft_s
+        stats.generated_tokens = len(generated)
+        stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
+        stats.mean_entropy_bits = sum(entropies) / len(entropies)
+        # The KV covers the prompt and every reply token but the last, which was never fed.
+        self.token_tier.checkin(session_id, prompt + generated[:-1], checkout.cache)
+        out.append(Message("assistant", text_stream.text, tuple(generated)))
 
     def _finish_reason(self, generated: list[int], text_stream: TextStream) -> str:
         if text_stream.stopped:
@@ -234,25 +322,25 @@ class ChatEngine:
             return "eos"
         return "length"
 
-    def _layout_prompt(
-        self, conversation: Conversation, user: Message, max_new_tokens: int
-    ) -> tuple[list[int], int, int]:
-        """Prompt ids for the conversation plus `user`, dropping the oldest whole turns that do not fit.
-
-        Returns the prompt, how many turns are out of it, and the user segment's length.
-
-        Dropped turns stay dropped on later turns, so the prompt's start stays stable and the
-        token tier keeps reusing it. The system prompt is never dropped.
-        """
-        room = self.context_window - max_new_tokens
+    def _check_fits(self, conversation: Conversation, user: Message, max_new_tokens: int) -> None:
+        """Refuse a message that cannot fit the context window even with no history."""
         system = [conversation.system] if conversation.system else []
         alone = self.renderer.conversation_ids([*system, user], RenderedSegments())
-        if len(alone) > room:
+        if len(alone) > self.context_window - max_new_tokens:
             raise InvalidMessageError(
                 f"The message is {len(alone) - len(self._system_ids)} tokens; with the system prompt "
                 f"({len(self._system_ids)} tokens) and {max_new_tokens} reply tokens it exceeds the "
                 f"context window of {self.context_window}. Shorten it or lower max_new_tokens."
             )
+
+    def _layout_prompt(self, conversation: Conversation, user: Message, max_new_tokens: int) -> tuple[list[int], int]:
+        """Prompt ids for the conversation plus `user`, dropping the oldest whole turns that do not fit.
+
+        Dropped turns stay dropped on later turns, so the prompt's start stays stable and the
+        token tier keeps reusing it. The system prompt is never dropped. Returns the prompt and
+        how many turns are out of it.
+        """
+        room = self.context_window - max_new_tokens
         start = conversation.context_start
         while True:
             if start != conversation.context_start:
@@ -263,5 +351,5 @@ class ChatEngine:
             start += 2  # one user message and its reply
         self.conversations.move_context_start(conversation, start)
         # The user's segment is not memoized: if this turn fails, another message takes its place.
-        user_tokens = len(conversation.segments.ids.pop()) if conversation.segments.ids else len(alone)
-        return prompt, start // 2, user_tokens
+        del conversation.segments.ids[len(conversation.window()):]
+        return prompt, start // 2

@@ -20,11 +20,13 @@ class TurnStats:
         total_s: seconds for the whole turn.
         decode_tokens_per_s: reply tokens per second after the first.
         tier: which cache served the prompt: "session" (memory), "disk" (spilled and restored),
-            "prefix" (shared system prompt only) or "none" (computed from scratch).
-        dropped_turns: earlier turns left out of the prompt to fit the context window.
+            "prefix" (shared system prompt only), "none" (computed from scratch) or "dialog"
+            (the bot's flow asked for a slot or a confirmation; the model did not run).
+        dropped_turns: earlier turns left out of the prompt (to fit the context window, or
+            because the topic changed).
         kv_bytes: KV bytes the token tier holds in memory after the turn.
         mean_entropy_bits: mean entropy of the token distributions the reply was drawn from.
-        finish_reason: "eos", "length", "stop" (a stop sequence) or "cancelled".
+        finish_reason: "eos", "length", "stop" (a stop sequence), "cancelled" or "flow".
         answer_cache_hit: whether the answer came from the answer cache without the model.
         drift: whether this turn was detected as a topic change.
     """
@@ -56,6 +58,9 @@ class Reply:
     text: str
     token_ids: list[int] = field(default_factory=list)
     stats: TurnStats = field(default_factory=TurnStats)
+    intent: str | None = None
+    confidence: float | None = None
+    dialogue_state: str | None = None
 
 
 class ReplyStream:

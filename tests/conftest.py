@@ -6,8 +6,12 @@ The tiny model makes token-tier tests fast and exact; a smaller set of tests mar
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
+
+import numpy as np
 
 import pytest
 
@@ -124,3 +128,21 @@ def make_engine(tmp_path: Path):  # type: ignore[no-untyped-def]
         return ChatEngine(model, **kwargs)
 
     return make
+
+
+def hashing_embed(texts: list[str]) -> np.ndarray:
+    """A deterministic toy embedder: bag of words hashed into 512 buckets, unit-normalised."""
+    rows = np.zeros((len(texts), 512))
+    for i, text in enumerate(texts):
+        for word in re.findall(r"[a-z']+", text.lower()):
+            rows[i, int(hashlib.md5(word.encode()).hexdigest(), 16) % 512] += 1.0
+        norm = np.linalg.norm(rows[i])
+        if norm:
+            rows[i] /= norm
+    return rows
+
+
+@pytest.fixture(scope="session")
+def toy_embed():  # type: ignore[no-untyped-def]
+    """The toy embedder as a fixture (test modules cannot import conftest under importlib mode)."""
+    return hashing_embed

@@ -1,0 +1,151 @@
+"""HCAC: the dialogue state machine and drift detection steer the cache tiers, once per user turn.
+
+Before the model runs, `ContextCoordinator.before_reply`:
+  1. embeds the user turn (the classifier, drift detection and the turn tier all use it);
+  2. steps the dialogue state machine (intent with confidence, slots, flow state) and saves
+     the new state with optimistic locking;
+  3. on a topic change (drift), drops the session's turn-tier entries and moves the prompt
+     window to start at this turn: older turns stay in the session tier, confirmed facts stay
+     in the prompt, and the token tier then reuses only the stable prefix;
+  4. keeps the turn's intent candidates and unconfirmed slots in the turn tier;
+  5. promotes a confirmed intent (user confirmation, or confidence above the threshold) and
+     its slots into the session tier as facts, which the system message then shows.
+When the flow needs a slot or a confirmation, the bot's own question is the reply and the
+model is not run. After the reply, `after_reply` closes an action the flow reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, State
+from dialog.state_machine import DialogueStateMachine
+
+from .conversations import Conversation, Conversations
+from .drift import DriftDetector
+from .turn_tier import TurnTier
+
+Embed = Callable[[list[str]], np.ndarray]
+DIALOGUE = "dialogue"  # state key of the dialogue state machine's dict
+
+
+@dataclass
+class TurnContext:
+    """What the dialogue layer decided about one user turn, before any reply exists."""
+
+    embedding: np.ndarray | None = None
+    intent: str | None = None
+    confidence: float | None = None
+    dialogue_state: str | None = None
+    cacheable: bool = False
+    drift: bool = False
+    drift_reasons: tuple[str, ...] = ()
+    bot_reply: str | None = None
+    action: str | None = None
+    promoted: bool = False
+
+
+def sentence_embed(model: Any) -> Embed:
+    """A sentence-transformers model as an `Embed` function (unit-normalised rows)."""
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.asarray(model.encode(texts, normalize_embeddings=True, convert_to_numpy=True))
+
+    return embed
+
+
+def intent_prototypes(bot: BotDefinition, embed: Embed) -> dict[str, np.ndarray]:
+    """One unit vector per intent (the mean of its examples): the topics drift is judged against."""
+    prototypes = {}
+    for intent in bot.intents:
+        mean = embed(list(intent.examples)).mean(axis=0)
+        prototypes[intent.name] = mean / max(float(np.linalg.norm(mean)), 1e-12)
+    return prototypes
+
+
+class ContextCoordinator:
+    """Runs the dialogue layer and drift detection for a turn and applies their effects to the tiers."""
+
+    def __init__(
+        self,
+        conversations: Conversations,
+        turn_tier: TurnTier,
+        embed: Embed,
+        bot: BotDefinition | None,
+        drift: DriftDetector | None,
+        promote_threshold: float = 0.95,
+    ) -> None:
+        self.conversations = conversations
+        self.turn_tier = turn_tier
+        self.embed = embed
+        self.drift = drift
+        self.manager = (
+            DialogueManager(bot, IntentClassifier(bot, embed), promote_threshold=promote_threshold) if bot else None
+        )
+
+    def before_reply(self, conversation: Conversation, text: str, turn_id: str) -> TurnContext:
+        context = TurnContext(embedding=self.embed([text])[0])
+        if self.manager is not None:
+            self._step_dialogue(conversation, text, turn_id, context)
+        if self.drift is not None and conversation.turns:
+            hint = context.intent if context.intent not in (None, OUT_OF_SCOPE) else None
+            result = self.drift.observe(conversation.id, context.embedding, text, domain_hint=hint)
+            if result.drift:
+                context.drift, context.drift_reasons = True, tuple(result.reasons)
+                self.turn_tier.invalidate(conversation.id)
+                self.conversations.move_context_start(conversation, len(conversation.turns))
+                conversation.segments.ids.clear()
+        elif self.drift is not None:
+            self.drift.observe(conversation.id, context.embedding, text)
+        self.turn_tier.put(conversation.id, "embedding", context.embedding)
+        return context
+
+    def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
+        assert self.manager is not None
+        state = conversation.state.get(DIALOGUE)
+        if state and State(state["state"]) in (State.HANDED_OFF, State.ACTING):
+            machine = DialogueStateMachine.from_dict(state)  # a new user turn starts over
+            machine.apply(DialogueEvent(EventType.RESET, event_id=f"{turn_id}:reset"))
+            state = machine.to_dict()
+        decision = self.manager.handle(state, text, turn_id)
+        self.conversations.update_state(
+            conversation, {DIALOGUE: decision.state, "flow_active": decision.state.get("flow_active", False)}
+        )
+        context.intent, context.confidence = decision.intent, decision.confidence
+        context.dialogue_state = decision.state["state"]
+        context.cacheable, context.bot_reply, context.action = decision.cacheable, decision.prompt, decision.action
+        self.turn_tier.put(conversation.id, "intent_candidate", (decision.intent, decision.confidence))
+        slots = dict(decision.state.get("slots", {}))
+        if decision.confirmed and decision.intent != OUT_OF_SCOPE:
+            context.promoted = self._promote(conversation, decision.intent, decision.confidence, slots)
+        else:
+            self.turn_tier.put(conversation.id, "unconfirmed_slots", slots)
+
+    def _promote(self, conversation: Conversation, intent: str, confidence: float, slots: dict[str, str]) -> bool:
+        facts = [("intent", "current", intent, confidence)] + [
+            ("slot", name, str(value), confidence) for name, value in sorted(slots.items())
+        ]
+        known = {(f.kind.value, f.name, f.value) for f in conversation.facts}
+        if all((kind, name, value) in known for kind, name, value, _ in facts):
+            return False  # nothing new: keep the system message (and its KV) as it is
+        self.conversations.promote(conversation, facts, turn=len(conversation.turns) // 2 + 1)
+        return True
+
+    def after_reply(self, conversation: Conversation, context: TurnContext, turn_id: str) -> None:
+        """The reply performed the flow's action: the machine moves on from ACTING."""
+        if self.manager is None or context.dialogue_state != State.ACTING.value:
+            return
+        machine = DialogueStateMachine.from_dict(conversation.state[DIALOGUE])
+        machine.apply(DialogueEvent(EventType.ACTED, {"action": context.action}, f"{turn_id}:acted"))
+        self.conversations.update_state(conversation, {DIALOGUE: machine.to_dict(), "flow_active": machine.flow_active})
+        context.dialogue_state = machine.state.value
+
+    def release(self, session_id: str) -> None:
+        """Forget the session's turn-tier entries and drift history (session ended or expired)."""
+        self.turn_tier.invalidate(session_id)
+        if self.drift is not None:
+            self.drift.reset(session_id)

@@ -1,0 +1,97 @@
+"""HCAC: the dialogue state machine drives the tiers: flow replies, promotion, release, expiry."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from chatcache import TokenTierConfig
+from chatcache.hcac import DIALOGUE
+from storage import SessionStore
+
+TRANSFER = "I want to transfer 200 dollars to account 12345678"
+
+
+@pytest.fixture
+def bank(make_engine, tiny_model, toy_embed, tmp_path: Path):  # type: ignore[no-untyped-def]
+    def build(**kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("store", f"sqlite:///{tmp_path}/bank.db")
+        kwargs.setdefault("token_tier", TokenTierConfig(spill_dir=tmp_path / "kv"))
+        return make_engine(tiny_model, bot="customer_service", embedder=toy_embed, **kwargs)
+
+    return build
+
+
+def test_flow_asks_for_confirmation_without_running_the_model(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank()
+    reply = engine.chat("s", TRANSFER, max_new_tokens=8)
+    assert reply.intent == "transfer_money" and reply.dialogue_state == "CONFIRMING"
+    assert reply.stats.tier == "dialog" and reply.stats.generated_tokens == 0
+    assert "200" in reply.text and "12345678" in reply.text
+    session = engine.store.get_session("s")
+    assert session.state[DIALOGUE]["state"] == "CONFIRMING"
+    assert session.state["flow_active"] is True
+    assert session.version >= 1
+
+
+def test_confirmed_intent_is_promoted_and_remembered_after_a_restart(bank, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = bank()
+    engine.chat("s", TRANSFER, max_new_tokens=8)
+    before = engine.store.get_session("s").version
+    reply = engine.chat("s", "yes, do it", max_new_tokens=8)
+    assert reply.stats.tier != "dialog"  # the model answers once the flow acts
+    facts = {(f.kind.value, f.name): f.value for f in engine.store.facts("s")}
+    assert facts == {("intent", "current"): "transfer_money", ("slot", "amount"): "200", ("slot", "to_account"): "12345678"}
+    assert engine.store.get_session("s").version > before
+    assert engine.store.get_session("s").state[DIALOGUE]["state"] == "DONE"
+    engine.close()
+    restarted = bank()
+    conversation = restarted.conversations.open("s", create=False)
+    assert conversation.system is not None and "to_account: 12345678" in conversation.system.content
+    follow_up = restarted.chat("s", "and what was the amount again", max_new_tokens=8)
+    assert follow_up.stats.tier == "disk"  # the facts are in the prompt the spilled KV was built on
+
+
+def test_unconfirmed_intent_stays_in_the_turn_tier(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank(promote_threshold=1.0)  # confidence alone never promotes
+    engine.chat("s", "I want to transfer money", max_new_tokens=8)
+    assert engine.store.facts("s") == []
+    assert engine.turn_tier.get("s", "intent_candidate")[0] == "transfer_money"
+    assert engine.turn_tier.get("s", "unconfirmed_slots") == {}
+
+
+def test_ending_a_session_releases_turn_and_token_tiers(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank()
+    engine.chat("s", "What are your opening hours?", max_new_tokens=8)
+    assert engine.turn_tier.items("s") and "s" in engine.token_tier._sessions
+    engine.end_session("s")
+    assert engine.turn_tier.items("s") == {}
+    assert "s" not in engine.token_tier._sessions
+    assert engine.store.get_session("s").status.value == "ended"
+
+
+def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    now = [datetime(2026, 1, 1, tzinfo=timezone.utc)]
+    store = SessionStore(f"sqlite:///{tmp_path}/ttl.db", ttl=timedelta(hours=24), clock=lambda: now[0])
+    engine = make_engine(tiny_model, bot="customer_service", embedder=toy_embed, store=store)
+    engine.chat("idle", "What are your opening hours?", max_new_tokens=4)
+    engine.chat("busy", "I want to transfer money", max_new_tokens=4)  # a flow is in progress
+    now[0] += timedelta(hours=25)
+    assert engine.expire_sessions() == ["idle"]
+    assert engine.turn_tier.items("idle") == {} and "idle" not in engine.token_tier._sessions
+    assert engine.store.get_session("busy").status.value == "active"
+    assert engine.turn_tier.get("busy", "intent_candidate")[0] == "transfer_money"
+
+
+def test_stale_state_write_is_retried_on_top_of_the_other_writer(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank()
+    engine.chat("s", "What are your opening hours?", max_new_tokens=4)
+    conversation = engine.conversations.open("s", create=False)
+    seen = conversation.version
+    engine.store.update_state("s", {**conversation.state, "other_writer": 1}, seen)  # another process
+    engine.conversations.update_state(conversation, {"mine": 2})
+    stored = engine.store.get_session("s")
+    assert stored.state["other_writer"] == 1 and stored.state["mine"] == 2
+    assert stored.version == seen + 2 == conversation.version
