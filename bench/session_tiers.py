@@ -1,0 +1,107 @@
+"""Per-turn cost of the session tier, turn tier, dialogue state machine and drift detection.
+
+Everything a turn does around the chat model, measured with 10,000 sessions in the SQLite
+database: open the conversation, record the user message, classify and step the dialogue
+state machine (state saved with optimistic locking), detect drift, update the turn tier,
+record the reply. Embeddings are computed beforehand for the main figure (the embedder is a
+model too), and the MiniLM embedding of one turn is timed separately beside it.
+
+    python -m bench.session_tiers [--data ../shared/data] [--sessions 10000] [--turns 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from chatcache.conversations import Conversations
+from chatcache.drift import DriftDetector
+from chatcache.hcac import ContextCoordinator, intent_prototypes, sentence_embed
+from chatcache.models import load_embedder
+from chatcache.prompt import Message
+from chatcache.turn_tier import TurnTier
+from dialog import load_bot
+from storage import SessionStore
+
+from .common import DEFAULT_DATA, sgd_user_turns
+
+
+def seed_sessions(store: SessionStore, count: int) -> None:
+    for index in range(count):
+        store.create_session(f"seed-{index}", "bench", "customer_service")
+        store.append_message(f"seed-{index}", "user", "What are your opening hours?", 7)
+        store.append_message(f"seed-{index}", "assistant", "We open at 9.", 5)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values), q))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--turns", type=int, default=300)
+    args = parser.parse_args()
+
+    bot = load_bot("customer_service")
+    model_embed = sentence_embed(load_embedder("bundled", device="cpu"))
+    dialogues = sgd_user_turns(args.data, dialogues=max(1, args.turns // 10), min_turns=10)
+    texts = [text for _, turns in dialogues for text in turns[:10]][: args.turns]
+    vectors = dict(zip(texts, model_embed(texts)))
+    example_texts = [e for intent in bot.intents for e in intent.examples]
+    vectors.update(zip(example_texts, model_embed(example_texts)))
+
+    def precomputed(batch: list[str]) -> np.ndarray:
+        return np.stack([vectors[text] for text in batch])
+
+    embed_ms = []
+    for text in texts[:100]:
+        started = time.perf_counter()
+        model_embed([text])
+        embed_ms.append((time.perf_counter() - started) * 1000)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        store = SessionStore.open(scratch)
+        seeding_started = time.perf_counter()
+        seed_sessions(store, args.sessions)
+        seeding_s = time.perf_counter() - seeding_started
+        conversations = Conversations(store, "customer_service", "bench", bot.system_prompt)
+        coordinator = ContextCoordinator(
+            conversations, TurnTier(), precomputed, bot, DriftDetector(prototypes=intent_prototypes(bot, precomputed))
+        )
+        rng = random.Random(0)
+        turn_ms = []
+        for index, text in enumerate(texts):
+            session_id = f"live-{index // 10}" if rng.random() < 0.8 else f"seed-{rng.randrange(args.sessions)}"
+            started = time.perf_counter()
+            conversation = conversations.open(session_id, create=True)
+            turn_id = conversations.record_user(conversation, text, len(text.split()))
+            context = coordinator.before_reply(conversation, text, turn_id)
+            conversations.record_reply(conversation, Message("user", text), Message("assistant", "OK."), {"tier": "bench"})
+            coordinator.after_reply(conversation, context, turn_id)
+            turn_ms.append((time.perf_counter() - started) * 1000)
+        sessions_in_db = store.count_sessions()
+        store.close()
+
+    report = {
+        "benchmark": "session_tiers",
+        "sessions_in_db": sessions_in_db,
+        "turns": len(turn_ms),
+        "seeding_s": seeding_s,
+        "per_turn_ms": {"p50": percentile(turn_ms, 50), "p95": percentile(turn_ms, 95), "p99": percentile(turn_ms, 99)},
+        "minilm_embed_one_turn_ms": {"p50": percentile(embed_ms, 50), "p95": percentile(embed_ms, 95)},
+        "target_p50_ms": 10.0,
+        "meets_target": percentile(turn_ms, 50) <= 10.0,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
