@@ -28,6 +28,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.token_tier
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.session_tiers
 
 clean:
 	rm -rf $(VENV) bench/out
