@@ -10,6 +10,7 @@ else; a cancelled one keeps what was said.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -22,8 +23,10 @@ from .conversations import Conversation, Conversations
 from .drift import DriftConfig, DriftDetector
 from .errors import InvalidMessageError
 from .generation import generate_tokens, prefill
+from .answer_cache import AnswerCache, AnswerCacheConfig, CacheHit, Scope, bot_fingerprint
+from .answer_cache.keys import follow_up_context, intent_context, normalize
 from .hcac import ContextCoordinator, Embed, TurnContext, intent_prototypes, sentence_embed
-from .kv import kv_bytes_per_token
+from .kv import kv_bytes_per_token, new_cache
 from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message, PromptRenderer, RenderedSegments
 from .reply import Reply, ReplyStream, TurnStats
@@ -39,7 +42,8 @@ class ChatEngine:
         model: "bundled" (SmolLM2-135M-Instruct, offline), a model id, a local path, or a loaded `ChatModel`.
         system_prompt: the bot's instructions; their KV is computed once and shared by every session.
             Defaults to the bot's system prompt when a bot is given.
-        answer_cache: serve repeated questions from the answer cache (accepted; built by a later release).
+        answer_cache: serve a question asked again in the same context from the answer cache,
+            without running the model; True for the defaults or an `AnswerCacheConfig`.
         drift: detect topic changes and drop stale context; True for the defaults or a `DriftConfig`.
         token_tier: KV reuse settings; by default 1 GiB in memory, cold sessions spilled under the data dir.
         context_window: prompt plus reply limit in tokens; defaults to the model's.
@@ -53,13 +57,14 @@ class ChatEngine:
             function from texts to unit-normalised rows.
         promote_threshold: intent confidence above which a turn's intent and slots become facts.
         turn_tier: TTL and bounds of the in-process turn tier.
+        tenant: answers are never shared across tenants.
     """
 
     def __init__(
         self,
         model: str | ChatModel = "bundled",
         system_prompt: str | None = None,
-        answer_cache: bool = False,
+        answer_cache: bool | AnswerCacheConfig = False,
         drift: bool | DriftConfig = False,
         token_tier: TokenTierConfig | None = None,
         context_window: int | None = None,
@@ -70,11 +75,12 @@ class ChatEngine:
         embedder: str | Embed = "bundled",
         promote_threshold: float = 0.95,
         turn_tier: TurnTierConfig | None = None,
+        tenant: str = "default",
     ) -> None:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
         self.system_prompt = system_prompt or (self.bot.system_prompt if self.bot else None)
-        self.answer_cache_enabled = answer_cache
+        self.tenant = tenant
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
         self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)
         self.token_tier = self._build_token_tier(token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv"))
@@ -85,7 +91,23 @@ class ChatEngine:
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
         self.conversations = Conversations(store, bot_name, user_id, self.system_prompt)
         self.turn_tier = TurnTier(turn_tier)
-        self.coordinator = self._build_coordinator(drift, embedder, device, promote_threshold)
+        needs_embedder = bool(drift) or self.bot is not None or bool(answer_cache)
+        self._embed = (
+            (embedder if callable(embedder) else sentence_embed(load_embedder(embedder, device=device)))
+            if needs_embedder
+            else None
+        )
+        self.coordinator = self._build_coordinator(drift, promote_threshold)
+        self.answer_cache = (
+            AnswerCache(
+                answer_cache if isinstance(answer_cache, AnswerCacheConfig) else AnswerCacheConfig(),
+                self._embed,  # type: ignore[arg-type]
+                store.answers,
+            )
+            if answer_cache
+            else None
+        )
+        self._audit_rng = random.Random(0)
 
     def _build_token_tier(self, config: TokenTierConfig) -> TokenTier:
         hf_model = self.chat_model.model
@@ -101,12 +123,11 @@ class ChatEngine:
             device=hf_model.device,
         )
 
-    def _build_coordinator(
-        self, drift: bool | DriftConfig, embedder: str | Embed, device: str | None, promote_threshold: float
-    ) -> ContextCoordinator | None:
+    def _build_coordinator(self, drift: bool | DriftConfig, promote_threshold: float) -> ContextCoordinator | None:
         if not drift and self.bot is None:
-            return None  # a plain chatbot: no embedder to load, nothing to steer
-        embed = embedder if callable(embedder) else sentence_embed(load_embedder(embedder, device=device))
+            return None  # a plain chatbot: nothing to steer
+        embed = self._embed
+        assert embed is not None
 
         detector = None
         if drift:
@@ -225,11 +246,19 @@ class ChatEngine:
                 self.coordinator.before_reply(conversation, text, turn_id) if self.coordinator else TurnContext()
             )
             stats = TurnStats(drift=context.drift)
+            scope, intent_scoped = self._answer_scope(conversation, context)
+            hit = self._lookup_answer(text, scope, intent_scoped, context, params)
             if context.bot_reply is not None:
                 # The flow needs a slot or a confirmation: the bot's own question is the answer.
                 stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - started
                 yield context.bot_reply
                 reply = Message("assistant", context.bot_reply)
+            elif hit is not None:
+                stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
+                stats.ttft_s = time.perf_counter() - started
+                yield hit.answer
+                reply = Message("assistant", hit.answer)
+                self._maybe_audit(conversation, user, hit, params)
             else:
                 prompt, stats.dropped_turns = self._layout_prompt(conversation, user, params.max_new_tokens)
                 generated: list[Message] = []
@@ -240,6 +269,7 @@ class ChatEngine:
                 if not generated:
                     return
                 reply = generated[0]
+                self._store_answer(text, reply, scope, intent_scoped, context, stats, params, started)
             meta = {"tier": stats.tier, "finish_reason": stats.finish_reason, "ttft_s": stats.ttft_s}
             try:
                 self.conversations.record_reply(conversation, user, reply, meta)
@@ -261,6 +291,65 @@ class ChatEngine:
                     dialogue_state=context.dialogue_state,
                 )
             )
+
+    def _answer_scope(self, conversation: Conversation, context: TurnContext) -> tuple[Scope, bool]:
+        """Where this turn's answer is valid: bot-wide when context-free, else the intent or recent turns."""
+        facts = {f"{f.kind.value}:{f.name}": f.value for f in conversation.facts}
+        window = conversation.turns[conversation.context_start:]
+        base = Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), self.tenant)
+        if context.cacheable and context.intent and context.dialogue_state in ("ACTING", "DONE"):
+            slots = dict(conversation.state.get("dialogue", {}).get("slots", {}))
+            return Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots)), True
+        if not window and not facts:
+            return base, False
+        recent = [(m.role, m.content) for m in window[-2:]]
+        return Scope(base.model, base.bot, base.tenant, follow_up_context(recent, facts)), False
+
+    def _lookup_answer(
+        self, text: str, scope: Scope, intent_scoped: bool, context: TurnContext, params: GenerationConfig
+    ) -> CacheHit | None:
+        # A sampled reply is meant to vary: neither served from nor stored in the cache.
+        if self.answer_cache is None or params.temperature > 0 or context.bot_reply is not None:
+            return None
+        return self.answer_cache.lookup(text, scope, embedding=context.embedding, intent_scoped=intent_scoped)
+
+    def _store_answer(
+        self,
+        text: str,
+        reply: Message,
+        scope: Scope,
+        intent_scoped: bool,
+        context: TurnContext,
+        stats: TurnStats,
+        params: GenerationConfig,
+        started: float,
+    ) -> None:
+        """Keep a finished greedy answer; the cache itself refuses uncertain (high-entropy) ones."""
+        if self.answer_cache is None or params.temperature > 0 or stats.finish_reason != "eos":
+            return
+        self.answer_cache.store(
+            text,
+            reply.content,
+            scope,
+            entropy_bits=stats.mean_entropy_bits,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            embedding=context.embedding,
+            intent=context.intent if intent_scoped else None,
+        )
+
+    def _maybe_audit(self, conversation: Conversation, user: Message, hit: CacheHit, params: GenerationConfig) -> None:
+        """For a sample of hits, run the model anyway (on a throwaway cache) and record agreement."""
+        assert self.answer_cache is not None
+        if self._audit_rng.random() >= self.answer_cache.config.audit_rate:
+            return
+        prompt, _ = self._layout_prompt(conversation, user, params.max_new_tokens)
+        cache = new_cache(self.chat_model.model.config)
+        text_stream = TextStream(self.chat_model.tokenizer, params.stop)
+        for token in generate_tokens(self.chat_model.model, cache, prompt, params, self._eos_ids):
+            text_stream.add(token.token_id)
+            if text_stream.stopped:
+                break
+        self.answer_cache.record_audit(normalize(text_stream.text) == normalize(hit.answer))
 
     def _generate(
         self,

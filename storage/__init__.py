@@ -23,10 +23,13 @@ from storage.errors import (
     UnknownSessionError,
 )
 from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+from storage.answers import AnswerEntries, AnswerRecord
 from storage.engine import default_data_dir
 from storage.store import DEFAULT_TTL, SessionStore
 
 __all__ = [
+    "AnswerEntries",
+    "AnswerRecord",
     "DEFAULT_TTL",
     "ChatSession",
     "Fact",

@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     JSON,
+    Boolean,
+    LargeBinary,
     Column,
     DateTime,
     Float,
@@ -117,8 +119,35 @@ def _create_tables(conn: Connection) -> None:
     v1.create_all(conn)
 
 
+def _create_answer_entries(conn: Connection) -> None:
+    """Version 2: the answer cache's entries, embeddings stored as float32 blobs."""
+    v2 = MetaData()
+    Table(
+        "answer_entries",
+        v2,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("scope", String(64), nullable=False),
+        Column("intent", String(128), nullable=True),
+        Column("question", Text, nullable=False),
+        Column("normalized", Text, nullable=False),
+        Column("answer", Text, nullable=False),
+        Column("embedding", LargeBinary, nullable=False),
+        Column("entropy_bits", Float, nullable=False),
+        Column("latency_ms", Float, nullable=False),
+        Column("prefetched", Boolean, nullable=False),
+        Column("hits", Integer, nullable=False),
+        Column("created_at", DateTime, nullable=False),
+        Column("expires_at", DateTime, nullable=False),
+        Column("last_hit_at", DateTime, nullable=True),
+        Index("ix_answer_entries_scope_normalized", "scope", "normalized"),
+        Index("ix_answer_entries_expires", "expires_at"),
+    )
+    v2.create_all(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create sessions, messages and session facts", _create_tables),
+    Migration(2, "create answer cache entries", _create_answer_entries),
 )
 
 

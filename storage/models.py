@@ -12,6 +12,8 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
+    LargeBinary,
     DateTime,
     Float,
     ForeignKey,
@@ -151,3 +153,28 @@ class FactRow(Base):
             source_turn=self.source_turn,
             created_at=self.created_at,
         )
+
+
+class AnswerEntryRow(Base):
+    """A row of `answer_entries`: one cached answer and the question it answered."""
+
+    __tablename__ = "answer_entries"
+    __table_args__ = (
+        Index("ix_answer_entries_scope_normalized", "scope", "normalized"),
+        Index("ix_answer_entries_expires", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(64))
+    intent: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    question: Mapped[str] = mapped_column(Text)
+    normalized: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)
+    entropy_bits: Mapped[float] = mapped_column(Float)
+    latency_ms: Mapped[float] = mapped_column(Float)
+    prefetched: Mapped[bool] = mapped_column(Boolean)
+    hits: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

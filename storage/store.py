@@ -23,6 +23,7 @@ from sqlalchemy import URL, Delete, Select, Update, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from storage.answers import AnswerEntries
 from storage.database import Database
 from storage.engine import default_data_dir, sqlite_url
 from storage.errors import (
@@ -111,6 +112,11 @@ class SessionStore:
         """
         directory = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         return cls(sqlite_url(directory), ttl=ttl, busy_timeout=busy_timeout, clock=clock)
+
+    @property
+    def answers(self) -> AnswerEntries:
+        """The answer cache's entries, in this same database."""
+        return AnswerEntries(self._db)
 
     def close(self) -> None:
         """Close every pooled connection; records already returned stay valid."""

@@ -125,6 +125,7 @@ def make_engine(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     def make(model, **kwargs):  # type: ignore[no-untyped-def]
         kwargs.setdefault("store", f"sqlite:///{tmp_path}/sessions-{next(counter)}.db")
+        kwargs.setdefault("answer_cache", False)  # tests that compare with the model opt in
         return ChatEngine(model, **kwargs)
 
     return make

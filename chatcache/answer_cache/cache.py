@@ -1,0 +1,346 @@
+"""The answer cache: a question asked again, in the same context, gets the stored answer.
+
+A lookup runs in order: the scope (model, bot, tenant, dialogue context), an exact match on
+the normalised text, a vector search among the scope's questions, a vote between the answers
+found (the best must clear the threshold and beat the nearest *different* answer by a
+margin), and the verification checks. Only then is an answer served. Entries are stored
+with their question embedding and the mean token entropy of the answer (uncertain answers
+are refused), live in the session database and are re-indexed from it at start, expire
+after a TTL, and are evicted by the LFU+ policy beyond a count or byte capacity.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+
+from storage import AnswerEntries, AnswerRecord
+
+from .config import AnswerCacheConfig
+from .index import VectorIndex
+from .keys import Scope, normalize
+from .lfu import Heat, LfuPlus
+from .verify import verify
+
+Embed = Callable[[list[str]], np.ndarray]
+_ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, besides text and vector
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    """An answer served from the cache and why."""
+
+    entry_id: int
+    answer: str
+    question: str
+    similarity: float
+    exact: bool
+    prefetched: bool
+
+
+@dataclass
+class AnswerCacheStats:
+    lookups: int = 0
+    hits: int = 0
+    exact_hits: int = 0
+    semantic_hits: int = 0
+    misses: int = 0
+    refused_by_verification: int = 0
+    refused_as_ambiguous: int = 0
+    stores: int = 0
+    refused_high_entropy: int = 0
+    evictions: int = 0
+    expirations: int = 0
+    entries: int = 0
+    bytes: int = 0
+    prefetched_entries: int = 0
+    prefetched_hits: int = 0
+    audits: int = 0
+    audit_agreements: int = 0
+    refusal_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclass
+class _Entry:
+    record: AnswerRecord
+    vector: np.ndarray
+    nbytes: int
+    heat: Heat
+
+
+def _unit_vector(blob: bytes, dim: int) -> np.ndarray | None:
+    if len(blob) != 4 * dim:
+        return None
+    vector = np.frombuffer(blob, dtype=np.float32).copy()
+    if not np.isfinite(vector).all() or abs(float(np.linalg.norm(vector)) - 1.0) > 1e-3:
+        return None
+    return vector
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class AnswerCache:
+    """Semantic, context-scoped answers with LFU+ eviction, persisted in the session database.
+
+    Args:
+        config: thresholds, TTL and capacity.
+        embed: texts to unit-normalised rows (the engine passes its sentence embedder).
+        entries: the session database's answer table; None keeps the cache in memory only.
+        clock: aware UTC now, for TTLs (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        config: AnswerCacheConfig,
+        embed: Embed,
+        entries: AnswerEntries | None = None,
+        clock: Callable[[], datetime] = _now,
+        policy: LfuPlus | None = None,
+    ) -> None:
+        self.config = config
+        self._embed = embed
+        self._entries_db = entries
+        self._clock = clock
+        self._policy = policy or LfuPlus()
+        self._lock = threading.RLock()
+        self._entries: dict[int, _Entry] = {}
+        self._exact: dict[str, dict[str, int]] = defaultdict(dict)
+        self._indexes: dict[str, VectorIndex] = {}
+        self._bytes = 0
+        self._next_local_id = 1
+        self.stats = AnswerCacheStats()
+        if entries is not None:
+            self._load(entries)
+
+    # -- lookup -------------------------------------------------------------------------
+
+    def lookup(self, question: str, scope: Scope, embedding: np.ndarray | None = None, intent_scoped: bool = False) -> CacheHit | None:
+        """The cached answer for `question` in `scope`, or None.
+
+        Args:
+            question: the user's text.
+            scope: where the answer must be valid.
+            embedding: the question's unit embedding if the caller already has it.
+            intent_scoped: the scope is a confirmed cacheable intent: a lower threshold applies.
+        """
+        normalized = normalize(question)
+        if not normalized:
+            return None
+        key = scope.key()
+        with self._lock:
+            self.stats.lookups += 1
+            entry_id = self._exact[key].get(normalized)
+            if entry_id is not None and self._alive(entry_id):
+                return self._hit(entry_id, 1.0, exact=True)
+            if key not in self._indexes:
+                self.stats.misses += 1
+                return None
+        vector = embedding if embedding is not None else self._embed([normalized])[0]
+        with self._lock:
+            threshold = self.config.intent_similarity_threshold if intent_scoped else self.config.similarity_threshold
+            chosen = self._vote(key, vector, threshold)
+            if chosen is None:
+                self.stats.misses += 1
+                return None
+            entry_id, similarity = chosen
+            if self.config.verify:
+                verdict = verify(question, self._entries[entry_id].record.question)
+                if not verdict.ok:
+                    self.stats.refused_by_verification += 1
+                    reason = verdict.reason.split(":")[0]
+                    self.stats.refusal_reasons[reason] = self.stats.refusal_reasons.get(reason, 0) + 1
+                    self.stats.misses += 1
+                    return None
+            return self._hit(entry_id, similarity, exact=False)
+
+    def _vote(self, key: str, vector: np.ndarray, threshold: float) -> tuple[int, float] | None:
+        """The best entry when its answer clears the threshold and beats every other answer by the margin."""
+        best_by_answer: dict[str, tuple[float, int]] = {}
+        for entry_id, similarity in self._indexes[key].search(vector, self.config.neighbors):
+            if not self._alive(entry_id):
+                continue
+            answer = normalize(self._entries[entry_id].record.answer)
+            if answer not in best_by_answer or similarity > best_by_answer[answer][0]:
+                best_by_answer[answer] = (similarity, entry_id)
+        if not best_by_answer:
+            return None
+        ranked = sorted(best_by_answer.values(), reverse=True)
+        best_similarity, best_id = ranked[0]
+        if best_similarity < threshold:
+            return None
+        if len(ranked) > 1 and best_similarity - ranked[1][0] < self.config.margin:
+            self.stats.refused_as_ambiguous += 1
+            return None
+        return best_id, best_similarity
+
+    def _alive(self, entry_id: int) -> bool:
+        entry = self._entries.get(entry_id)
+        if entry is None:
+            return False
+        if entry.record.expires_at <= self._clock():
+            self._remove(entry_id)
+            self.stats.expirations += 1
+            return False
+        return True
+
+    def _hit(self, entry_id: int, similarity: float, exact: bool) -> CacheHit:
+        entry = self._entries[entry_id]
+        now = self._clock()
+        started = time.perf_counter()
+        expires = now + timedelta(seconds=self.config.ttl_s) if self.config.sliding_ttl else entry.record.expires_at
+        entry.record = replace(entry.record, hits=entry.record.hits + 1, last_hit_at=now, expires_at=expires)
+        if self._entries_db is not None and self.config.sliding_ttl:
+            self._entries_db.record_hit(entry_id, now, expires)
+        self._policy.touch(entry.heat, now.timestamp(), latency_ms=(time.perf_counter() - started) * 1000)
+        self.stats.hits += 1
+        self.stats.exact_hits += exact
+        self.stats.semantic_hits += not exact
+        self.stats.prefetched_hits += entry.record.prefetched
+        return CacheHit(entry_id, entry.record.answer, entry.record.question, similarity, exact, entry.record.prefetched)
+
+    # -- store --------------------------------------------------------------------------
+
+    def store(
+        self,
+        question: str,
+        answer: str,
+        scope: Scope,
+        entropy_bits: float,
+        latency_ms: float,
+        embedding: np.ndarray | None = None,
+        intent: str | None = None,
+        prefetched: bool = False,
+    ) -> bool:
+        """Cache `answer` for `question` in `scope`; False when it is refused or already there."""
+        normalized = normalize(question)
+        if not normalized or not answer.strip():
+            return False
+        if entropy_bits > self.config.max_entropy_bits:
+            with self._lock:
+                self.stats.refused_high_entropy += 1
+            return False
+        key = scope.key()
+        with self._lock:
+            existing = self._exact[key].get(normalized)
+            if existing is not None and self._alive(existing):
+                return False
+        vector = np.asarray(embedding if embedding is not None else self._embed([normalized])[0], dtype=np.float32)
+        now = self._clock()
+        record = AnswerRecord(
+            id=0,
+            scope=key,
+            intent=intent,
+            question=question,
+            normalized=normalized,
+            answer=answer,
+            embedding=vector.tobytes(),
+            entropy_bits=entropy_bits,
+            latency_ms=latency_ms,
+            prefetched=prefetched,
+            hits=0,
+            created_at=now,
+            expires_at=now + timedelta(seconds=self.config.ttl_s),
+            last_hit_at=None,
+        )
+        with self._lock:
+            if self._entries_db is not None:
+                record = self._entries_db.add(record)
+            else:
+                record = replace(record, id=self._next_local_id)
+                self._next_local_id += 1
+            self._insert(record, vector)
+            self.stats.stores += 1
+            self._evict_to_fit()
+        return True
+
+    def _insert(self, record: AnswerRecord, vector: np.ndarray) -> None:
+        nbytes = len(record.question.encode()) + len(record.answer.encode()) + vector.nbytes + _ENTRY_OVERHEAD
+        heat = Heat(frequency=1.0, updated_at=record.created_at.timestamp(), last_used=record.created_at.timestamp())
+        self._entries[record.id] = _Entry(record, vector, nbytes, heat)
+        self._exact[record.scope][record.normalized] = record.id
+        self._indexes.setdefault(record.scope, VectorIndex(vector.shape[0])).add(record.id, vector)
+        self._bytes += nbytes
+
+    def _remove(self, entry_id: int) -> None:
+        entry = self._entries.pop(entry_id)
+        scope = entry.record.scope
+        if self._exact[scope].get(entry.record.normalized) == entry_id:
+            del self._exact[scope][entry.record.normalized]
+        self._indexes[scope].remove(entry_id)
+        self._bytes -= entry.nbytes
+        if self._entries_db is not None:
+            self._entries_db.delete([entry_id])
+
+    def _evict_to_fit(self) -> None:
+        now = self._clock().timestamp()
+        while len(self._entries) > self.config.max_entries or self._bytes > self.config.max_bytes:
+            victim = self._policy.victim({str(i): e.heat for i, e in self._entries.items()}, now)
+            if victim is None:
+                return
+            self._remove(int(victim))
+            self.stats.evictions += 1
+
+    # -- upkeep -------------------------------------------------------------------------
+
+    def _load(self, entries: AnswerEntries) -> None:
+        """Re-index every live entry from the database.
+
+        Expired entries, and any whose stored embedding is not a unit vector of the embedder's
+        size (a corrupted blob), are deleted: a damaged index is rebuilt, never served from.
+        """
+        records = entries.all()
+        if not records:
+            return
+        dim = self._embed(["dimension probe"]).shape[1]
+        now = self._clock()
+        dropped = []
+        for record in records:
+            vector = _unit_vector(record.embedding, dim)
+            if record.expires_at <= now or vector is None:
+                dropped.append(record.id)
+                continue
+            self._insert(record, vector)
+        entries.delete(dropped)
+        self._evict_to_fit()
+
+    def purge_expired(self) -> int:
+        with self._lock:
+            now = self._clock()
+            expired = [i for i, e in self._entries.items() if e.record.expires_at <= now]
+            for entry_id in expired:
+                self._remove(entry_id)
+            self.stats.expirations += len(expired)
+            return len(expired)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._exact.clear()
+            self._indexes.clear()
+            self._bytes = 0
+            if self._entries_db is not None:
+                self._entries_db.clear()
+
+    def record_audit(self, agreed: bool) -> None:
+        with self._lock:
+            self.stats.audits += 1
+            self.stats.audit_agreements += agreed
+
+    def snapshot(self) -> AnswerCacheStats:
+        with self._lock:
+            self.stats.entries = len(self._entries)
+            self.stats.bytes = self._bytes
+            self.stats.prefetched_entries = sum(e.record.prefetched for e in self._entries.values())
+            return replace(self.stats, refusal_reasons=dict(self.stats.refusal_reasons))

@@ -1,0 +1,50 @@
+"""Answer-cache settings, checked at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AnswerCacheConfig:
+    """Attributes:
+    similarity_threshold: cosine similarity a cached question needs to be served (0 is valid).
+    intent_similarity_threshold: the same within a confirmed cacheable intent's scope, where
+        the dialogue state machine already vouches for the meaning.
+    margin: how much closer the best answer must be than the closest different answer; a
+        question between two answers gets neither.
+    neighbors: how many nearest cached questions are weighed.
+    max_entropy_bits: answers whose mean per-token entropy is above this are not stored.
+    ttl_s: lifetime of an entry; with `sliding_ttl` every hit restarts it.
+    max_entries, max_bytes: capacity; beyond it the LFU+ policy evicts.
+    verify: run the verification checks on every semantic match.
+    audit_rate: share of hits for which the model runs anyway and the answers are compared.
+    """
+
+    similarity_threshold: float = 0.80
+    intent_similarity_threshold: float = 0.50
+    margin: float = 0.04
+    neighbors: int = 8
+    max_entropy_bits: float = 5.2
+    ttl_s: float = 24 * 3600.0
+    sliding_ttl: bool = False
+    max_entries: int = 200_000
+    max_bytes: int = 512 << 20
+    verify: bool = True
+    audit_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("similarity_threshold", "intent_similarity_threshold"):
+            value = getattr(self, name)
+            if not -1.0 <= value <= 1.0:
+                raise ConfigError(f"{name} is a cosine similarity in [-1, 1], got {value}")
+        if not 0.0 <= self.margin <= 2.0:
+            raise ConfigError(f"margin must be in [0, 2], got {self.margin}")
+        if self.neighbors < 1 or self.max_entries < 1 or self.max_bytes < 1:
+            raise ConfigError("neighbors, max_entries and max_bytes must be at least 1")
+        if self.ttl_s <= 0:
+            raise ConfigError(f"ttl_s must be positive, got {self.ttl_s}")
+        if not 0.0 <= self.audit_rate <= 1.0:
+            raise ConfigError(f"audit_rate must be in [0, 1], got {self.audit_rate}")
