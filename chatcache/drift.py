@@ -66,9 +66,9 @@ class DriftConfig:
     """
 
     min_content_words: int = 2
-    novelty: float = 0.55
-    domain_margin: float = 0.03
-    min_domain_similarity: float = 0.2
+    novelty: float = 0.5
+    domain_margin: float = 0.15
+    min_domain_similarity: float = 0.4
     topic_window: int = 4
     history_gain: float = 0.1
     seed_ratio: float = 0.12

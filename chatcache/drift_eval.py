@@ -100,10 +100,14 @@ def evaluate_drift(
     prototypes = schema_prototypes(schema_path, embed) if schema_path else None
     detector = DriftDetector(config, prototypes)
     seed = SeedRule(config)
-    counts = {"combined": [0, 0, []], "seed_rule": [0, 0, []]}  # switches, detections, delays
+    switches_seen = 0
+    detections = {"combined": 0, "seed_rule": 0}
+    delays: dict[str, list[int]] = {"combined": [], "seed_rule": []}
     for n, dialogue in enumerate(dialogues):
         sid = str(n)
-        services, found, seed_found = [], [], []
+        services: list[set[str]] = []
+        found: list[int] = []
+        seed_found: list[int] = []
         assistant = None
         for turn in dialogue["turns"]:
             vector = next(vectors)
@@ -117,14 +121,14 @@ def evaluate_drift(
             if seed.observe(sid, vector).drift:
                 seed_found.append(i)
         switches = label_switches(services)
+        switches_seen += len(switches)
         for key, hits in (("combined", found), ("seed_rule", seed_found)):
-            counts[key][0] += len(switches)
-            counts[key][1] += len(hits)
-            counts[key][2].extend(match_detections(switches, hits))
+            detections[key] += len(hits)
+            delays[key].extend(match_detections(switches, hits))
         detector.reset(sid)
         seed.reset(sid)
-    result = _metrics(*counts["combined"])
-    result["seed_rule"] = _metrics(*counts["seed_rule"])
+    result = _metrics(switches_seen, detections["combined"], delays["combined"])
+    result["seed_rule"] = _metrics(switches_seen, detections["seed_rule"], delays["seed_rule"])
     return result
 
 
@@ -144,14 +148,15 @@ def _metrics(switches: int, detections: int, delays: list[int]) -> dict[str, Any
 
 def _unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    unit: np.ndarray = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return unit
 
 
 def _bundled_embed(texts: list[str]) -> np.ndarray:
     from .models import load_embedder
 
     model = load_embedder("bundled", device="cpu")
-    return np.asarray(model.encode(texts, batch_size=128, normalize_embeddings=True, convert_to_numpy=True))
+    return np.asarray(model.encode(texts, batch_size=128, normalize_embeddings=True), dtype=np.float32)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
