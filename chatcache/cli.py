@@ -18,6 +18,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bot", default=None, help="bot definition: a YAML file or a shipped bot name")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--no-drift", action="store_true", help="do not detect topic changes")
+    parser.add_argument("--no-answer-cache", action="store_true", help="always run the model")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     chat = commands.add_parser("chat", help="chat in the terminal with the bundled model (or --model)")
     _engine_options(chat)
-    chat.add_argument("--session", default="default", help="session id")
+    chat.add_argument("--session", default=None, help="session id (default: the most recent one)")
     chat.add_argument("--plain", action="store_true", help="line mode, for pipes and non-TTY use")
     ask = commands.add_parser("ask", help="answer one message in a session, then exit")
     _engine_options(ask)
@@ -41,11 +42,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from chatcache import ChatEngine
+def _engine_factory(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Engines for one model: the chat app builds a new one when the user switches bots."""
+    from chatcache import ChatEngine, load_chat_model
 
-    system = args.system or (None if args.bot else DEFAULT_SYSTEM_PROMPT)
-    return ChatEngine(args.model, system_prompt=system, store=args.db, bot=args.bot, drift=not args.no_drift)
+    model = load_chat_model(args.model)
+
+    def build(bot: str | None):  # type: ignore[no-untyped-def]
+        system = args.system or (None if bot else DEFAULT_SYSTEM_PROMPT)
+        return ChatEngine(
+            model,
+            system_prompt=system,
+            store=args.db,
+            bot=bot,
+            drift=not args.no_drift,
+            answer_cache=not args.no_answer_cache,
+        )
+
+    return build
+
+
+def _build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    return _engine_factory(args)(args.bot)
 
 
 def _ask(args: argparse.Namespace) -> int:
@@ -86,13 +104,17 @@ def main(argv: list[str] | None = None) -> int:
             return drift_main(["--data", args.data, *schema, *(["--json"] if args.json else [])])
         if args.command == "ask":
             return _ask(args)
-        from apps.plain_chat import run_plain_chat
+        if args.plain or not sys.stdin.isatty() or not sys.stdout.isatty():
+            from apps.plain_chat import run_plain_chat
 
-        engine = _build_engine(args)
-        try:
-            return run_plain_chat(engine, args.session, args.max_new_tokens, sys.stdin, sys.stdout)
-        finally:
-            engine.close()
+            engine = _build_engine(args)
+            try:
+                return run_plain_chat(engine, args.session or "default", args.max_new_tokens, sys.stdin, sys.stdout)
+            finally:
+                engine.close()
+        from apps.tui import run_tui
+
+        return run_tui(_engine_factory(args), session_id=args.session, bot=args.bot, max_new_tokens=args.max_new_tokens)
     except (ChatCacheError, StorageError, BotDefinitionError) as exc:
         print(f"chatcache: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,53 @@
+"""What the cache panel shows about one turn, from a live `Reply` or from a stored reply's meta."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from chatcache import Reply
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """How one turn was served; token counts are None for turns loaded from the record."""
+
+    tier: str
+    ttft_s: float
+    reused_tokens: int | None = None
+    prefilled_tokens: int | None = None
+    generated_tokens: int | None = None
+    answer_cache_hit: bool = False
+    drift: bool = False
+    finish_reason: str = ""
+    intent: str | None = None
+    confidence: float | None = None
+    dialogue_state: str | None = None
+
+    @classmethod
+    def from_reply(cls, reply: Reply) -> TurnRecord:
+        s = reply.stats
+        return cls(
+            tier=s.tier,
+            ttft_s=s.ttft_s,
+            reused_tokens=s.reused_tokens,
+            prefilled_tokens=s.prefilled_tokens,
+            generated_tokens=s.generated_tokens,
+            answer_cache_hit=s.answer_cache_hit,
+            drift=s.drift,
+            finish_reason=s.finish_reason,
+            intent=reply.intent,
+            confidence=reply.confidence,
+            dialogue_state=reply.dialogue_state,
+        )
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any] | None) -> TurnRecord:
+        """A turn of an earlier run: the session tier keeps its tier, finish reason and TTFT."""
+        meta = meta or {}
+        return cls(
+            tier=str(meta.get("tier", "?")),
+            ttft_s=float(meta.get("ttft_s") or 0.0),
+            answer_cache_hit=bool(meta.get("answer_cache_hit", False)),
+            finish_reason=str(meta.get("finish_reason", "")),
+        )

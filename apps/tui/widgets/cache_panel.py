@@ -1,0 +1,85 @@
+"""The cache panel: how the last turn was served, the dialogue state, memory, and TTFT per turn."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Label, Sparkline, Static
+
+from chatcache import TokenTierStats
+
+from ..turns import TurnRecord
+
+DRIFT_EVENT = "context reset: topic changed"
+
+
+def size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n:.1f} GiB"
+
+
+def describe_turn(turn: TurnRecord | None, number: int) -> str:
+    if turn is None:
+        return "no turn yet"
+    tokens = lambda n: "-" if n is None else f"{n} tok"  # noqa: E731
+    return "\n".join(
+        [
+            f"turn      {number}",
+            f"tier      {turn.tier}",
+            f"reused    {tokens(turn.reused_tokens)}",
+            f"prefilled {tokens(turn.prefilled_tokens)}",
+            f"TTFT      {turn.ttft_s * 1000:.0f} ms",
+            f"answers   {'cache hit' if turn.answer_cache_hit else 'model'}",
+            f"finish    {turn.finish_reason or '-'}",
+        ]
+    )
+
+
+def describe_dialogue(turn: TurnRecord | None, drift_turns: list[int]) -> str:
+    intent = "-"
+    if turn is not None and turn.intent:
+        intent = turn.intent + (f" ({turn.confidence:.2f})" if turn.confidence is not None else "")
+    state = (turn.dialogue_state if turn is not None else None) or "-"
+    lines = [f"state     {state}", f"intent    {intent}"]
+    lines += [f"turn {n}: {DRIFT_EVENT}" for n in drift_turns[-3:]]
+    return "\n".join(lines)
+
+
+def describe_memory(kv: TokenTierStats, answered: int, answer_hits: int) -> str:
+    rate = f"{answer_hits / answered:.0%} ({answer_hits}/{answered})" if answered else "- (no turn yet)"
+    return "\n".join(
+        [
+            f"KV        {size(kv.resident_bytes)} / {size(kv.budget_bytes)}",
+            f"sessions  {kv.sessions_in_memory} in memory",
+            f"spills    {kv.spills}  restores {kv.restores}",
+            f"answer cache hit rate {rate}",
+        ]
+    )
+
+
+class CachePanel(VerticalScroll):
+    """Read-only figures; the app calls `show_turns` and `show_memory` as things change."""
+
+    def compose(self) -> ComposeResult:
+        yield Label("Last turn", classes="heading")
+        yield Static(describe_turn(None, 0), id="turn-stats", markup=False)
+        yield Label("Dialogue", classes="heading")
+        yield Static(describe_dialogue(None, []), id="dialogue", markup=False)
+        yield Label("Memory", classes="heading")
+        yield Static("", id="memory", markup=False)
+        yield Label("TTFT per turn", classes="heading")
+        yield Sparkline([], id="ttft")
+
+    def show_turns(self, turns: list[TurnRecord]) -> None:
+        """The session's turns, oldest first: the last one in detail, all of them in the sparkline."""
+        last = turns[-1] if turns else None
+        drift_turns = [i for i, t in enumerate(turns, 1) if t.drift]
+        self.query_one("#turn-stats", Static).update(describe_turn(last, len(turns)))
+        self.query_one("#dialogue", Static).update(describe_dialogue(last, drift_turns))
+        self.query_one("#ttft", Sparkline).data = [t.ttft_s * 1000 for t in turns]
+
+    def show_memory(self, kv: TokenTierStats, answered: int, answer_hits: int) -> None:
+        self.query_one("#memory", Static).update(describe_memory(kv, answered, answer_hits))

@@ -1,0 +1,36 @@
+"""The sessions sidebar: the session tier's conversations, most recently active first."""
+
+from __future__ import annotations
+
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+from storage import ChatSession
+
+
+def session_label(session: ChatSession) -> str:
+    return session.title or session.id
+
+
+class SessionList(OptionList):
+    """One option per session; the option id is the session id. Selecting one resumes it."""
+
+    def show(self, sessions: list[ChatSession], current: str, pending: bool) -> None:
+        """List `sessions` in the given order; `current` is highlighted.
+
+        Args:
+            sessions: from the session tier, most recent first.
+            current: the open session's id.
+            pending: the open session has no message yet, so the session tier does not know it.
+        """
+        options = [Option(f"{current} (new)", id=current)] if pending else []
+        options += [Option(session_label(s), id=s.id) for s in sessions if not (pending and s.id == current)]
+        self.clear_options()
+        self.add_options(options)
+        ids = [option.id for option in options]
+        if current in ids:
+            self.highlighted = ids.index(current)
+
+    @property
+    def session_ids(self) -> list[str]:
+        return [self.get_option_at_index(i).id or "" for i in range(self.option_count)]

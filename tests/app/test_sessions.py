@@ -1,0 +1,109 @@
+"""The sessions sidebar: new, rename, delete, resume, order by last activity, and a restart."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.tui.screens import ConfirmScreen, RenameScreen
+from apps.tui.widgets import ChatLog, SessionList
+from chatcache import TokenTierConfig
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_new_sessions_are_listed_most_recent_first_and_resume_on_select(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl+N starts "s-2 (new)" at the top; choosing s-1 in the sidebar brings its messages back and moves it up."""
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        sidebar = app.query_one(SessionList)
+        await pilot.press(*"one", "enter")
+        await settle(pilot)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.session_id == "s-2" and app.query_one(ChatLog).messages == []
+        assert sidebar.session_ids == ["s-2", "s-1"]
+        assert str(sidebar.get_option_at_index(0).prompt) == "s-2 (new)"
+        await pilot.press(*"two", "enter")
+        await settle(pilot)
+        assert sidebar.session_ids == ["s-2", "s-1"]
+
+        sidebar.focus()
+        sidebar.highlighted = 1
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.session_id == "s-1"
+        assert [m.text for m in app.query_one(ChatLog).messages][0] == "one"
+        app.query_one("#prompt").focus()
+        await pilot.press(*"three", "enter")
+        await settle(pilot)
+        assert sidebar.session_ids == ["s-1", "s-2"]  # most recent activity first
+        assert sidebar.highlighted == 0
+
+
+async def test_rename_shows_the_title_in_the_sidebar(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
+    """F2, a title and Enter: the sidebar shows "Trip plans" instead of the session id."""
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press(*"hello", "enter")
+        await settle(pilot)
+        await pilot.press("f2")
+        await pilot.pause()
+        assert isinstance(app.screen, RenameScreen)
+        await pilot.press(*"Trip plans", "enter")
+        await pilot.pause()
+        assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "Trip plans"
+        assert engine.store.get_session("s-1").title == "Trip plans"
+
+
+async def test_delete_asks_then_removes_the_session_and_its_history(engine, make_app, settle, seed_session) -> None:  # type: ignore[no-untyped-def]
+    """F8 asks "Delete session ...?"; "n" keeps it, "y" removes it and opens the next most recent one."""
+    seed_session(engine, "older", [("hi", "hello")])
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("ctrl+n")
+        await pilot.press(*"doomed", "enter")
+        await settle(pilot)
+        await pilot.press("f8")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert [s.id for s in engine.sessions()] == ["s-1", "older"]
+        await pilot.press("f8")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert [s.id for s in engine.sessions()] == ["older"]
+        assert app.query_one(SessionList).session_ids == ["older"]
+        assert app.session_id == "older" and app.query_one(ChatLog).messages[0].text == "hi"
+
+
+async def test_a_restarted_app_lists_every_session_with_history_and_reuses_cached_context(  # type: ignore[no-untyped-def]
+    tiny_model, make_engine, make_app, settle, tmp_path
+) -> None:
+    """Quit and start again on the same database: both sessions are listed, the latest opens with
+    its messages, and its next turn is served from the KV spilled to disk ("tier disk")."""
+    url = f"sqlite:///{tmp_path}/restart.db"
+    kv = TokenTierConfig(spill_dir=tmp_path / "kv")
+    first = make_engine(tiny_model, system_prompt="You are a helpful assistant.", store=url, token_tier=kv)
+    app = make_app(first)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press(*"alpha", "enter")
+        await settle(pilot)
+        await pilot.press("ctrl+n", *"beta", "enter")
+        await settle(pilot)
+    first.close()
+
+    second = make_engine(tiny_model, system_prompt="You are a helpful assistant.", store=url, token_tier=kv)
+    app = make_app(second)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert app.query_one(SessionList).session_ids == ["s-2", "s-1"]
+        assert app.session_id == "s-2"
+        assert [m.role for m in app.query_one(ChatLog).messages] == ["user", "assistant"]
+        assert app.query_one(ChatLog).messages[0].text == "beta"
+        assert len(app.query_one("#ttft").data) == 1  # the earlier turn's TTFT, from the record
+        await pilot.press(*"gamma", "enter")
+        await settle(pilot)
+        assert "tier      disk" in str(app.query_one("#turn-stats").render())
+    second.close()
