@@ -401,7 +401,7 @@ class ChatEngine:
         stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
         stats.mean_entropy_bits = sum(entropies) / len(entropies)
         # The KV covers the prompt and every reply token but the last, which was never fed.
-        self.token_tier.checkin(session_id, prompt + generated[:-1], checkout.cache)
+        self.token_tier.checkin(session_id, prompt + generated[:-1], checkout.cache, latency_ms=stats.ttft_s * 1000)
         out.append(Message("assistant", text_stream.text, tuple(generated)))
 
     def _finish_reason(self, generated: list[int], text_stream: TextStream) -> str:

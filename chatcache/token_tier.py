@@ -7,14 +7,16 @@ caller prefills the rest. At least one prompt token is always left to prefill: t
 next-token logits come from that forward pass.
 
 Memory is bounded: entries in use are counted with a reservation for the tokens the turn may
-add, and idle sessions are evicted least recently used first, to disk when a spill directory
-is set. Shared prefixes are copied, never lent: `forward` extends the cache it is given.
+add, and idle sessions are evicted by the same LFU+ policy as the answer cache (frequency with
+latency-aware decay, plus recency), to disk when a spill directory is set. Shared prefixes
+are copied, never lent: `forward` extends the cache it is given.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from . import kv
+from .answer_cache.lfu import Heat, LfuPlus
 from .config import TokenTierConfig
 from .kv_spill import SpillStore
 
@@ -92,6 +95,8 @@ class TokenTier:
         self._sessions: OrderedDict[str, KVEntry] = OrderedDict()
         self._prefixes: OrderedDict[str, KVEntry] = OrderedDict()
         self._in_use: dict[str, int] = {}
+        self._heat: dict[str, Heat] = {}
+        self._policy = LfuPlus()
         self._stats = TokenTierStats(budget_bytes=config.memory_budget_bytes)
         self._spill = (
             SpillStore(Path(config.spill_dir), *spill_identity, config.spill_int8, config.disk_budget_bytes)
@@ -131,8 +136,12 @@ class TokenTier:
                 return self._count(Checkout(cache, reused, "prefix"))
         return self._count(Checkout(kv.new_cache(self._model_config), 0, "none"))  # type: ignore[arg-type]
 
-    def checkin(self, session_id: str, ids: list[int], cache: DynamicCache) -> None:
-        """Give a session's cache back after its turn; `ids` are exactly the positions it holds."""
+    def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
+        """Give a session's cache back after its turn; `ids` are exactly the positions it holds.
+
+        `latency_ms` is what serving the turn's prompt cost (its time to first token): it sets
+        how fast the session's heat decays under the LFU+ policy.
+        """
         if kv.cached_length(cache) != len(ids):
             raise AssertionError(f"cache holds {kv.cached_length(cache)} positions for {len(ids)} ids")
         with self._lock:
@@ -142,6 +151,7 @@ class TokenTier:
             entry = KVEntry(ids=list(ids), cache=cache, nbytes=kv.kv_bytes(cache))
             self._sessions[session_id] = entry
             self._sessions.move_to_end(session_id)
+            self._policy.touch(self._heat.setdefault(session_id, Heat()), time.monotonic(), latency_ms)
             self._evict_to_fit(keep=None)
 
     def release(self, session_id: str) -> None:
@@ -153,6 +163,7 @@ class TokenTier:
         """Forget a session everywhere: memory and disk."""
         with self._lock:
             self._sessions.pop(session_id, None)
+            self._heat.pop(session_id, None)
         if self._spill is not None:
             self._spill.discard(session_id)
 
@@ -188,9 +199,10 @@ class TokenTier:
             return TokenTierStats(**{**self._stats.__dict__, "hits": dict(self._stats.hits)})
 
     def _evict_to_fit(self, keep: str | None) -> None:
-        """Evict idle sessions (least recently used first) until everything fits the budget."""
+        """Evict idle sessions (coldest by LFU+ first) until everything fits the budget."""
         while self.resident_bytes() > self.config.memory_budget_bytes:
-            victim = next((sid for sid in self._sessions if sid != keep), None)
+            idle = {sid: self._heat.setdefault(sid, Heat()) for sid in self._sessions if sid != keep}
+            victim = self._policy.victim(idle, time.monotonic())
             if victim is not None:
                 self._evict(victim)
             elif len(self._prefixes) > 0 and not self._in_use:

@@ -122,3 +122,21 @@ def test_ending_a_session_releases_memory_and_disk(make_engine, tiny_model, tmp_
     assert engine.kv_stats().resident_bytes < before
     assert "a" not in engine.token_tier._sessions
     assert not engine.token_tier._spill.path("b").exists()
+
+
+def test_eviction_keeps_a_frequently_used_session_over_a_recent_one(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """LFU+ (the answer cache's policy): a busy conversation outlives a one-turn one, unlike plain LRU."""
+    probe = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
+    probe.chat("x", "Hello there", max_new_tokens=8)
+    one_session = probe.kv_stats().resident_bytes
+    budget = 3 * one_session  # the prefix and about two short sessions
+    engine = make_engine(
+        tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(memory_budget_bytes=budget, spill_dir=tmp_path)
+    )
+    for text in ("Hello there", "Book a table", "ok", "Paris?"):
+        engine.chat("busy", text, max_new_tokens=8)
+    engine.chat("once", "Hello there", max_new_tokens=8)
+    engine.chat("newcomer", "Hello there", max_new_tokens=8)
+    in_memory = set(engine.token_tier._sessions)
+    assert "busy" in in_memory and "once" not in in_memory
+    assert engine.kv_stats().resident_bytes <= budget
