@@ -11,8 +11,9 @@ else; a cancelled one keeps what was said.
 from __future__ import annotations
 
 import random
+import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 from dialog import BotDefinition, load_bot
@@ -26,12 +27,13 @@ from .generation import generate_tokens, prefill
 from .answer_cache import AnswerCache, AnswerCacheConfig, CacheHit, Scope, bot_fingerprint
 from .answer_cache.keys import follow_up_context, intent_context, normalize
 from .hcac import ContextCoordinator, Embed, TurnContext, intent_prototypes, sentence_embed
-from .kv import kv_bytes_per_token, new_cache
+from .kv import crop_to, kv_bytes_per_token, new_cache
 from .models import ChatModel, load_chat_model, load_embedder
+from .prefetch import Prefetcher, TransitionModel
 from .prompt import Message, PromptRenderer, RenderedSegments
 from .reply import Reply, ReplyStream, TurnStats
 from .text_stream import TextStream
-from .token_tier import TokenTier, TokenTierStats
+from .token_tier import TokenTier, TokenTierStats, common_prefix_length
 from .turn_tier import TurnTier, TurnTierConfig
 
 
@@ -58,6 +60,8 @@ class ChatEngine:
         promote_threshold: intent confidence above which a turn's intent and slots become facts.
         turn_tier: TTL and bounds of the in-process turn tier.
         tenant: answers are never shared across tenants.
+        prefetch: with the answer cache, answer the likely next question in the background
+            while idle (ACPC), learned from the conversations in the session tier.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class ChatEngine:
         promote_threshold: float = 0.95,
         turn_tier: TurnTierConfig | None = None,
         tenant: str = "default",
+        prefetch: bool = False,
     ) -> None:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
@@ -108,6 +113,9 @@ class ChatEngine:
             else None
         )
         self._audit_rng = random.Random(0)
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self.prefetcher = self._build_prefetcher() if prefetch and self.answer_cache is not None else None
 
     def _build_token_tier(self, config: TokenTierConfig) -> TokenTier:
         hf_model = self.chat_model.model
@@ -134,6 +142,18 @@ class ChatEngine:
             prototypes = intent_prototypes(self.bot, embed) if self.bot else None
             detector = DriftDetector(drift if isinstance(drift, DriftConfig) else None, prototypes)
         return ContextCoordinator(self.conversations, self.turn_tier, embed, self.bot, detector, promote_threshold)
+
+    def _build_prefetcher(self) -> Prefetcher:
+        model = TransitionModel()
+        for session in self.store.list_sessions(limit=1000):
+            records = self.store.messages(session.id)
+            turns = []
+            for index, record in enumerate(records):
+                if record.role == "user":
+                    reply = records[index + 1] if index + 1 < len(records) else None
+                    turns.append((record.content, ((reply.meta or {}) if reply else {}).get("intent")))
+            model.learn(turns)
+        return Prefetcher(model, self._prefetch_answer, lambda: self._busy > 0)
 
     # -- public API -------------------------------------------------------------------
 
@@ -172,8 +192,18 @@ class ChatEngine:
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
         holder: list[Reply] = []
-        pieces = self._run_turn(session_id, text, params, holder)
+        pieces = self._counted(self._run_turn(session_id, text, params, holder))
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
+
+    def _counted(self, pieces: Generator[str, None, None]) -> Generator[str, None, None]:
+        """Mark the engine busy while a user turn runs: prefetch waits, and stops mid-answer."""
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            yield from pieces
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
 
     def history(self, session_id: str) -> list[Message]:
         """The session's answered turns, oldest first, including those out of the prompt window.
@@ -213,11 +243,13 @@ class ChatEngine:
         return expired
 
     def close(self) -> None:
-        """Spill idle sessions' KV to disk and close the session database.
+        """Stop prefetching, spill idle sessions' KV to disk and close the session database.
 
         The next process on the same data directory continues each conversation from the
         database and restores its KV from disk instead of recomputing it.
         """
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.token_tier.spill_all()
         self.store.close()
 
@@ -270,7 +302,14 @@ class ChatEngine:
                     return
                 reply = generated[0]
                 self._store_answer(text, reply, scope, intent_scoped, context, stats, params, started)
-            meta = {"tier": stats.tier, "finish_reason": stats.finish_reason, "ttft_s": stats.ttft_s}
+            meta = {
+                "tier": stats.tier,
+                "finish_reason": stats.finish_reason,
+                "ttft_s": stats.ttft_s,
+                "intent": context.intent,
+                "drift": context.drift,
+                "dialogue_state": context.dialogue_state,
+            }
             try:
                 self.conversations.record_reply(conversation, user, reply, meta)
             except BaseException:
@@ -278,6 +317,11 @@ class ChatEngine:
                 raise
             if self.coordinator is not None:
                 self.coordinator.after_reply(conversation, context, turn_id)
+            if self.prefetcher is not None:
+                previous = self.turn_tier.get(session_id, "last_question")
+                current = (text, context.intent)
+                self.turn_tier.put(session_id, "last_question", current)
+                self.prefetcher.after_turn(session_id, [previous, current] if previous else [current])
             stats.total_s = time.perf_counter() - started
             stats.kv_bytes = self.token_tier.resident_bytes()
             holder.append(
@@ -335,6 +379,49 @@ class ChatEngine:
             latency_ms=(time.perf_counter() - started) * 1000,
             embedding=context.embedding,
             intent=context.intent if intent_scoped else None,
+        )
+
+    def _prefetch_answer(self, session_id: str, question: str, should_stop: Callable[[], bool]) -> bool:
+        """Answer `question` as the session's next turn would, into the answer cache; False if skipped."""
+        assert self.answer_cache is not None
+        conversation = self.conversations.open(session_id, create=False)
+        if not conversation.lock.acquire(blocking=False):
+            return False  # the session is in a turn: its own answer comes first
+        try:
+            scope, _ = self._answer_scope(conversation, TurnContext())
+            if self.answer_cache.contains(question, scope):
+                return False
+            memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
+            prompt = self.renderer.conversation_ids([*conversation.window(), Message("user", question)], memo)
+        finally:
+            conversation.lock.release()
+        if len(prompt) + 256 > self.context_window:
+            return False
+        snapshot = self.token_tier.snapshot(session_id)
+        cache, reused = new_cache(self.chat_model.model.config), 0
+        if snapshot is not None:
+            ids, cache = snapshot
+            reused = min(common_prefix_length(ids, prompt), len(prompt) - 1)
+            crop_to(cache, reused)
+        started = time.perf_counter()
+        params = GenerationConfig()
+        text_stream = TextStream(self.chat_model.tokenizer, ())
+        entropies, last = [], None
+        for token in generate_tokens(self.chat_model.model, cache, prompt[reused:], params, self._eos_ids):
+            if should_stop():
+                return False
+            text_stream.add(token.token_id)
+            entropies.append(token.entropy_bits)
+            last = token.token_id
+        if last not in self._eos_ids:
+            return False
+        return self.answer_cache.store(
+            question,
+            text_stream.text,
+            scope,
+            entropy_bits=sum(entropies) / len(entropies),
+            latency_ms=(time.perf_counter() - started) * 1000,
+            prefetched=True,
         )
 
     def _maybe_audit(self, conversation: Conversation, user: Message, hit: CacheHit, params: GenerationConfig) -> None:

@@ -154,6 +154,14 @@ class TokenTier:
             self._policy.touch(self._heat.setdefault(session_id, Heat()), time.monotonic(), latency_ms)
             self._evict_to_fit(keep=None)
 
+    def snapshot(self, session_id: str) -> tuple[list[int], DynamicCache] | None:
+        """A private copy of an idle session's ids and KV, for work beside the conversation (prefetch)."""
+        with self._lock:
+            entry = self._sessions.get(session_id)
+            if entry is None:
+                return None
+            return list(entry.ids), kv.clone(entry.cache, self._model_config)  # type: ignore[arg-type]
+
     def release(self, session_id: str) -> None:
         """Cancel a checkout whose turn failed: nothing is kept, so the next turn recomputes."""
         with self._lock:

@@ -165,6 +165,12 @@ class AnswerCache:
                     return None
             return self._hit(entry_id, similarity, exact=False)
 
+    def contains(self, question: str, scope: Scope) -> bool:
+        """Whether this exact (normalised) question already has a live entry in `scope`; not a lookup."""
+        with self._lock:
+            entry_id = self._exact[scope.key()].get(normalize(question))
+            return entry_id is not None and self._alive(entry_id)
+
     def _vote(self, key: str, vector: np.ndarray, threshold: float) -> tuple[int, float] | None:
         """The best entry when its answer clears the threshold and beats every other answer by the margin."""
         best_by_answer: dict[str, tuple[float, int]] = {}

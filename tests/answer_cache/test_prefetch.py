@@ -1,0 +1,79 @@
+"""ACPC: the likely next question is answered in the background, only while the engine is idle."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chatcache import TokenTierConfig
+from chatcache.prefetch import Prefetcher, TransitionModel
+
+
+def test_transition_model_predicts_frequent_followers_only() -> None:
+    model = TransitionModel(min_count=2, min_probability=0.3)
+    for _ in range(3):
+        model.learn([("What are your opening hours?", None), ("Where is the nearest branch?", None)])
+    model.learn([("What are your opening hours?", None), ("Do you sell gold?", None)])
+    predictions = model.predict("what are your opening hours", None)
+    assert [p.question for p in predictions] == ["Where is the nearest branch?"]
+    assert predictions[0].probability == pytest.approx(0.75)
+    assert model.predict("Do you sell gold?", None) == []
+
+
+def test_intents_are_states_so_any_wording_predicts() -> None:
+    model = TransitionModel(min_count=1)
+    model.learn([("I lost my card", "report_lost_card"), ("When do you open?", "opening_hours")])
+    model.learn([("my card was stolen", "report_lost_card"), ("When do you open?", "opening_hours")])
+    assert [p.question for p in model.predict("card is gone", "report_lost_card")] == ["When do you open?"]
+
+
+def test_prefetch_waits_while_busy_and_stops_when_a_turn_arrives() -> None:
+    busy = threading.Event()
+    busy.set()
+    ran: list[str] = []
+    stopped: list[bool] = []
+
+    def answer(session_id: str, question: str, should_stop) -> bool:  # type: ignore[no-untyped-def]
+        ran.append(question)
+        busy.set()  # a user turn arrives while the prefetch runs
+        stopped.append(should_stop())
+        return False
+
+    model = TransitionModel(min_count=1)
+    model.learn([("a", None), ("b", None)])
+    prefetcher = Prefetcher(model, answer, busy.is_set, idle_wait_s=0.01)
+    prefetcher.after_turn("s", [("a", None)])
+    time.sleep(0.2)
+    assert ran == []  # busy: nothing ran
+    busy.clear()
+    assert prefetcher.wait_idle(5)
+    assert ran == ["b"] and stopped == [True] and prefetcher.cancelled == 1
+    prefetcher.close()
+
+
+@pytest.mark.bundled
+def test_a_prefetched_answer_is_served_and_equals_the_models(make_engine, bundled_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    system = "You are the assistant of Northwind Bank. Answer in one short sentence."
+    url = f"sqlite:///{tmp_path}/bank.db"
+    first, then = "What are your opening hours?", "Do you have a branch in Paris?"
+    history = make_engine(bundled_model, system_prompt=system, store=url)
+    for session in ("h1", "h2"):
+        history.chat(session, first, max_new_tokens=40)
+        history.chat(session, then, max_new_tokens=40)
+    engine = make_engine(
+        bundled_model, system_prompt=system, store=url, answer_cache=True, prefetch=True,
+        token_tier=TokenTierConfig(spill_dir=None),
+    )
+    engine.chat("new", first, max_new_tokens=40)
+    assert engine.prefetcher is not None and engine.prefetcher.wait_idle(120)
+    served = engine.chat("new", then, max_new_tokens=40)
+    assert served.stats.answer_cache_hit
+    stats = engine.answer_cache.snapshot()
+    assert stats.prefetched_entries >= 1 and stats.prefetched_hits == 1
+    uncached = make_engine(bundled_model, system_prompt=system)
+    uncached.chat("new", first, max_new_tokens=40)
+    assert served.text == uncached.chat("new", then, max_new_tokens=40).text
+    engine.close()
