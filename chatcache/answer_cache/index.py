@@ -20,7 +20,7 @@ class VectorIndex:
         self.hnsw_from = hnsw_from
         self.hnsw_m = hnsw_m
         self._ids: list[int] = []
-        self._vectors = np.zeros((0, dim), dtype=np.float32)
+        self._vectors = np.zeros((64, dim), dtype=np.float32)  # rows [0, len(self._ids)) are used
         self._dead: set[int] = set()  # positions of removed ids
         self._position: dict[int, int] = {}
         self._index: faiss.Index = faiss.IndexFlatIP(dim)
@@ -30,9 +30,11 @@ class VectorIndex:
 
     def add(self, entry_id: int, vector: np.ndarray) -> None:
         row = np.asarray(vector, dtype=np.float32).reshape(1, self.dim)
+        if len(self._ids) == len(self._vectors):  # grow by doubling: adds stay amortised O(1)
+            self._vectors = np.vstack([self._vectors, np.zeros_like(self._vectors)])
         self._position[entry_id] = len(self._ids)
+        self._vectors[len(self._ids)] = row[0]
         self._ids.append(entry_id)
-        self._vectors = np.vstack([self._vectors, row])
         self._index.add(row)
         if isinstance(self._index, faiss.IndexFlatIP) and len(self) >= self.hnsw_from:
             self._rebuild()
@@ -61,7 +63,7 @@ class VectorIndex:
     def _rebuild(self) -> None:
         live = [p for p in range(len(self._ids)) if p not in self._dead]
         self._ids = [self._ids[p] for p in live]
-        self._vectors = self._vectors[live]
+        self._vectors = np.vstack([self._vectors[live], np.zeros((64, self.dim), dtype=np.float32)])
         self._position = {entry_id: p for p, entry_id in enumerate(self._ids)}
         self._dead = set()
         if len(self._ids) >= self.hnsw_from:
@@ -70,5 +72,5 @@ class VectorIndex:
         else:
             index = faiss.IndexFlatIP(self.dim)
         if len(self._ids):
-            index.add(self._vectors)
+            index.add(self._vectors[: len(self._ids)])
         self._index = index
