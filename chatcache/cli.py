@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
 
@@ -21,6 +22,19 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-answer-cache", action="store_true", help="always run the model")
 
 
+def _evaluation(name: str) -> Callable[[list[str]], int]:
+    if name == "drift":
+        from .drift_eval import main as run
+    elif name == "answer-cache":
+        from .answer_cache_eval import main_answer_cache as run
+    else:
+        from .answer_cache_eval import main_pairs as run
+    return run
+
+
+EVALUATIONS = ("drift", "answer-cache", "pairs")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chatcache", description="Chatbots on local models, with a hierarchical cache.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -33,12 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--session", required=True, help="session id; the conversation continues from the database")
     ask.add_argument("--json", action="store_true", help="print one JSON object")
     ask.add_argument("text", help="the user's message")
-    evaluate = commands.add_parser("eval", help="evaluations on labelled data (JSON output)")
-    evals = evaluate.add_subparsers(dest="evaluation", required=True)
-    drift = evals.add_parser("drift", help="drift detection against SGD domain switches")
-    drift.add_argument("--data", required=True, help="SGD dialogues, JSON Lines")
-    drift.add_argument("--schema", default=None, help="SGD schema.json (domain prototypes)")
-    drift.add_argument("--json", action="store_true", help="print one JSON object")
+    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs")
+    evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
     return parser
 
 
@@ -89,6 +99,12 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "eval" and argv[1] in EVALUATIONS:
+        # Each evaluation parses its own options (`chatcache eval pairs --tsv ... --json`).
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+        return _evaluation(argv[1])(argv[2:])
     args = _parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     quiet = getattr(args, "json", False)
@@ -97,11 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     from dialog import BotDefinitionError
 
     try:
-        if args.command == "eval":
-            from .drift_eval import main as drift_main
-
-            schema = ["--schema", args.schema] if args.schema else []
-            return drift_main(["--data", args.data, *schema, *(["--json"] if args.json else [])])
         if args.command == "ask":
             return _ask(args)
         if args.plain or not sys.stdin.isatty() or not sys.stdout.isatty():

@@ -150,20 +150,24 @@ class AnswerCache:
         vector = embedding if embedding is not None else self._embed([normalized])[0]
         with self._lock:
             threshold = self.config.intent_similarity_threshold if intent_scoped else self.config.similarity_threshold
-            chosen = self._vote(key, vector, threshold)
-            if chosen is None:
+            candidates = self._vote(key, vector, threshold)
+            if not candidates:
                 self.stats.misses += 1
                 return None
-            entry_id, similarity = chosen
-            if self.config.verify:
+            if not self.config.verify:
+                entry_id, similarity = candidates[0]
+                return self._hit(entry_id, similarity, exact=False)
+            # Every stored wording of the winning answer may vouch for it: serve through the
+            # closest one that passes verification, so one odd rewording does not block it.
+            for entry_id, similarity in candidates:
                 verdict = verify(question, self._entries[entry_id].record.question)
-                if not verdict.ok:
-                    self.stats.refused_by_verification += 1
-                    reason = verdict.reason.split(":")[0]
-                    self.stats.refusal_reasons[reason] = self.stats.refusal_reasons.get(reason, 0) + 1
-                    self.stats.misses += 1
-                    return None
-            return self._hit(entry_id, similarity, exact=False)
+                if verdict.ok:
+                    return self._hit(entry_id, similarity, exact=False)
+            self.stats.refused_by_verification += 1
+            reason = verdict.reason.split(":")[0]
+            self.stats.refusal_reasons[reason] = self.stats.refusal_reasons.get(reason, 0) + 1
+            self.stats.misses += 1
+            return None
 
     def contains(self, question: str, scope: Scope) -> bool:
         """Whether this exact (normalised) question already has a live entry in `scope`; not a lookup."""
@@ -171,25 +175,26 @@ class AnswerCache:
             entry_id = self._exact[scope.key()].get(normalize(question))
             return entry_id is not None and self._alive(entry_id)
 
-    def _vote(self, key: str, vector: np.ndarray, threshold: float) -> tuple[int, float] | None:
-        """The best entry when its answer clears the threshold and beats every other answer by the margin."""
-        best_by_answer: dict[str, tuple[float, int]] = {}
+    def _vote(self, key: str, vector: np.ndarray, threshold: float) -> list[tuple[int, float]]:
+        """Entries of the best answer above the threshold, closest first; none when the vote is unclear.
+
+        The best answer must clear the threshold and beat every other answer among the
+        neighbours by the margin: a question between two answers gets neither.
+        """
+        by_answer: dict[str, list[tuple[float, int]]] = defaultdict(list)
         for entry_id, similarity in self._indexes[key].search(vector, self.config.neighbors):
-            if not self._alive(entry_id):
-                continue
-            answer = normalize(self._entries[entry_id].record.answer)
-            if answer not in best_by_answer or similarity > best_by_answer[answer][0]:
-                best_by_answer[answer] = (similarity, entry_id)
-        if not best_by_answer:
-            return None
-        ranked = sorted(best_by_answer.values(), reverse=True)
-        best_similarity, best_id = ranked[0]
+            if self._alive(entry_id):
+                by_answer[normalize(self._entries[entry_id].record.answer)].append((similarity, entry_id))
+        if not by_answer:
+            return []
+        ranked = sorted((max(found), answer) for answer, found in by_answer.items())[::-1]
+        (best_similarity, _), winner = ranked[0]
         if best_similarity < threshold:
-            return None
-        if len(ranked) > 1 and best_similarity - ranked[1][0] < self.config.margin:
+            return []
+        if len(ranked) > 1 and best_similarity - ranked[1][0][0] < self.config.margin:
             self.stats.refused_as_ambiguous += 1
-            return None
-        return best_id, best_similarity
+            return []
+        return [(entry_id, sim) for sim, entry_id in sorted(by_answer[winner], reverse=True) if sim >= threshold]
 
     def _alive(self, entry_id: int) -> bool:
         entry = self._entries.get(entry_id)

@@ -23,10 +23,10 @@ class AnswerCacheConfig:
     audit_rate: share of hits for which the model runs anyway and the answers are compared.
     """
 
-    similarity_threshold: float = 0.80
+    similarity_threshold: float = 0.75
     intent_similarity_threshold: float = 0.50
-    margin: float = 0.04
-    neighbors: int = 8
+    margin: float = 0.12
+    neighbors: int = 10
     max_entropy_bits: float = 5.2
     ttl_s: float = 24 * 3600.0
     sliding_ttl: bool = False

@@ -4,10 +4,16 @@ Embeddings put "Is John older than Mary?" next to "Is Mary older than John?" and
 TV" next to "function of money". These model-free checks run on the matched pair after the
 vector search and refuse the hit when the texts differ in what makes an answer different:
   * numbers (amounts, dates, counts);
-  * negation;
-  * the same content words in another order (swapped roles or entities);
-  * one short span replaced by another content word (a different entity).
-What the checks cost in hits is measured by `chatcache eval pairs` and `eval answer-cache`.
+  * negation, when the rest of the wording is largely shared (a rewording that says the same
+    thing with "can't" and without is left to the embedding);
+  * the same content words in another order: mostly shared words whose order changed, or two
+    words that took each other's role (the preposition before them: "from X to Y", "from Y to X");
+  * one short span replaced by another content word (a different entity), unless the two are
+    forms of one word ("delivery" and "deliveries").
+It does not parse, so a reordering that keeps the meaning ("a refund for what I bought" and
+"I bought something I need a refund for") is refused too: a miss costs a model call, a false
+hit a wrong answer. What the checks cost in hits is measured by `chatcache eval pairs` and
+`eval answer-cache`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from dataclasses import dataclass
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 _NEGATION = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot"}
+_ROLE_WORDS = frozenset(
+    """from to in on at by for with of than into onto over under between after before during about
+    against through toward towards via per as""".split()
+)
 STOPWORDS = frozenset(
     """a an the and or but if of to in on at by for with from as is are was were be been being am do does did
     i me my you your he him his she her it its we our they them their this that these those there here what which
@@ -26,6 +36,9 @@ STOPWORDS = frozenset(
     so than too very just also about into over under again then once any some such only own same all each
     please want need like get got would'd let lets i'm i've i'd you're it's that's what's how's""".split()
 )
+SHARED_FOR_ORDER = 0.8  # share of the shorter text's content words both must have for the order check
+SHARED_FOR_NEGATION = 0.5  # the same share for the negation check
+STEM_CHARS = 5  # words agreeing on this many leading characters are forms of one word
 
 
 @dataclass(frozen=True)
@@ -47,17 +60,64 @@ def verify(query: str, cached: str) -> Verdict:
     if sorted(_NUMBER.findall(query)) != sorted(_NUMBER.findall(cached)):
         return Verdict(False, "numbers differ")
     q_words, c_words = words(query), words(cached)
-    if bool(_NEGATION & set(q_words)) != bool(_NEGATION & set(c_words)):
-        return Verdict(False, "negation differs")
     q_content, c_content = content_words(q_words), content_words(c_words)
-    if q_content != c_content and sorted(q_content) == sorted(c_content):
+    shared = _shared_share(q_content, c_content)
+    if bool(_NEGATION & set(q_words)) != bool(_NEGATION & set(c_words)) and shared >= SHARED_FOR_NEGATION:
+        return Verdict(False, "negation differs")
+    if shared >= SHARED_FOR_ORDER and _inverted(q_content, c_content):
         return Verdict(False, "same words, other roles")
+    swapped = _role_swap(q_words, c_words)
+    if swapped:
+        return Verdict(False, f"same words, other roles: {swapped[0]!r} and {swapped[1]!r} swapped")
     replaced = _replaced_spans(q_words, c_words)
     if len(replaced) == 1:
         before, after = replaced[0]
-        if content_words(before) and content_words(after) and len(before) <= 2 and len(after) <= 2:
+        b_content, a_content = content_words(before), content_words(after)
+        if b_content and a_content and len(before) <= 2 and len(after) <= 2 and not _same_stems(b_content, a_content):
             return Verdict(False, f"different entity: {' '.join(before)!r} vs {' '.join(after)!r}")
     return Verdict(True)
+
+
+def _shared_share(a: list[str], b: list[str]) -> float:
+    """Share of the shorter text's distinct content words that the other text has too."""
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / min(len(sa), len(sb)) if sa and sb else 0.0
+
+
+def _inverted(a: list[str], b: list[str]) -> bool:
+    """Whether two words both texts share come in the opposite order in `b`."""
+    first = {}
+    for i, w in enumerate(a):
+        first.setdefault(w, i)
+    order = [first[w] for w in dict.fromkeys(b) if w in first]
+    return any(x > y for x, y in zip(order, order[1:]))
+
+
+def _roles(tokens: list[str]) -> dict[str, str]:
+    """Each content word's role: the nearest preposition before it, "" when there is none."""
+    roles: dict[str, str] = {}
+    role = ""
+    for t in tokens:
+        if t in _ROLE_WORDS:
+            role = t
+        elif t not in STOPWORDS and not t.isdigit():
+            roles.setdefault(t, role)
+    return roles
+
+
+def _role_swap(a: list[str], b: list[str]) -> tuple[str, str] | None:
+    """Two shared words that traded roles ("from X to Y" and "from Y to X"), if any."""
+    ra, rb = _roles(a), _roles(b)
+    changed = [(w, ra[w], rb[w]) for w in ra if w in rb and ra[w] != rb[w]]
+    for w1, was1, now1 in changed:
+        for w2, was2, now2 in changed:
+            if w1 != w2 and was1 and was2 and was1 == now2 and was2 == now1:
+                return w1, w2
+    return None
+
+
+def _same_stems(a: list[str], b: list[str]) -> bool:
+    return len(a) == len(b) and all(x[:STEM_CHARS] == y[:STEM_CHARS] for x, y in zip(a, b))
 
 
 def _replaced_spans(a: list[str], b: list[str]) -> list[tuple[list[str], list[str]]]:
