@@ -95,3 +95,20 @@ def test_stale_state_write_is_retried_on_top_of_the_other_writer(bank) -> None: 
     stored = engine.store.get_session("s")
     assert stored.state["other_writer"] == 1 and stored.state["mine"] == 2
     assert stored.version == seen + 2 == conversation.version
+
+
+def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank(drift=True)
+    first = engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
+    assert not first.stats.drift
+    engine.turn_tier.put("s", "old-topic-note", "kept for this topic only")
+    switched = engine.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6)
+    assert switched.stats.drift
+    assert engine.turn_tier.get("s", "old-topic-note") is None
+    conversation = engine.conversations.open("s", create=False)
+    assert conversation.context_start == 2  # the first turn left the prompt...
+    assert len(engine.history("s")) == 4  # ...but not the record
+    assert engine.store.get_session("s").state["context_start"] == 2
+    follow = engine.chat("s", "yes", max_new_tokens=6)  # the flow goes on in the new topic
+    assert not follow.stats.drift and follow.intent == "transfer_money"
+    assert "on Saturday" not in engine.renderer.tokenizer.decode(engine.token_tier._sessions["s"].ids)
