@@ -1,14 +1,23 @@
-"""Fixtures for the session tier: a store in a fresh data directory with a fake clock."""
+"""Fixtures for the session tier: a store with a fake clock, on SQLite and, when a server is
+given in `CHATCACHE_TEST_POSTGRES_URL` (`.ci/run` starts one), on PostgreSQL too.
+"""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from storage import SessionStore
 from tests.session_tier.fake_clock import FakeClock
+
+POSTGRES_URL = os.environ.get("CHATCACHE_TEST_POSTGRES_URL")
+BACKENDS = ["sqlite"] + (["postgresql"] if POSTGRES_URL else [])
 
 
 @pytest.fixture
@@ -17,6 +26,27 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[SessionStore]:
-    with SessionStore.open(tmp_path, clock=clock) as opened:
-        yield opened
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty database on the test server, dropped afterwards."""
+    assert POSTGRES_URL is not None
+    name = f"chatcache_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[SessionStore]:
+    if request.param == "sqlite":
+        with SessionStore.open(tmp_path, clock=clock) as opened:
+            yield opened
+    else:
+        url = request.getfixturevalue("postgres_database")
+        with SessionStore(url, clock=clock) as opened:
+            yield opened
