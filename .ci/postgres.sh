@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Start a throwaway PostgreSQL on loopback for the session-tier tests and print its URL.
-# Installs the server from Debian's packages when this machine lacks it. Stop it with:
-#   su postgres -c "$PGBIN/pg_ctl -D $PGDATA stop"   (the data dir is printed on stderr)
+# Start a throwaway PostgreSQL on loopback for the session-tier tests.
+# Prints two lines: its SQLAlchemy URL, then the command that stops it.
+# Installs the server from Debian's packages when this machine lacks it.
 set -euo pipefail
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2
@@ -12,5 +12,5 @@ PORT=${CHATCACHE_PG_PORT:-55432}
 chown postgres "$PGDATA"
 su postgres -c "$PGBIN/initdb -D $PGDATA -A trust -U postgres" >/dev/null
 su postgres -c "$PGBIN/pg_ctl -D $PGDATA -l $PGDATA/server.log -w -o '-p $PORT -k $PGDATA -c listen_addresses=127.0.0.1' start" >/dev/null
-echo "postgres data dir: $PGDATA" >&2
 echo "postgresql+psycopg://postgres@127.0.0.1:$PORT/postgres"
+echo "su postgres -c '$PGBIN/pg_ctl -D $PGDATA stop -m fast' >/dev/null; rm -rf $PGDATA"
