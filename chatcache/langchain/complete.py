@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 import time
 from collections import OrderedDict
 from collections.abc import Generator, Sequence
@@ -77,17 +78,16 @@ class _KeyLocks:
             return self._locks.setdefault(key, threading.Lock())
 
 
-_reply_ids: dict[int, ReplyIds] = {}
-_key_locks: dict[int, _KeyLocks] = {}
+# Per-engine state, dropped with the engine (an id() key could be reused by a later engine).
+_state_of: weakref.WeakKeyDictionary[ChatEngine, tuple[ReplyIds, _KeyLocks]] = weakref.WeakKeyDictionary()
 _registry_lock = threading.Lock()
 
 
 def _state(engine: ChatEngine) -> tuple[ReplyIds, _KeyLocks]:
     with _registry_lock:
-        key = id(engine)
-        if key not in _reply_ids:
-            _reply_ids[key], _key_locks[key] = ReplyIds(), _KeyLocks()
-        return _reply_ids[key], _key_locks[key]
+        if engine not in _state_of:
+            _state_of[engine] = (ReplyIds(), _KeyLocks())
+        return _state_of[engine]
 
 
 def conversation_key(messages: Sequence[Message]) -> str:
