@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, State
 from dialog.state_machine import DialogueStateMachine
@@ -50,12 +51,39 @@ class TurnContext:
 
 
 def sentence_embed(model: Any) -> Embed:
-    """A sentence-transformers model as an `Embed` function (unit-normalised rows)."""
+    """A sentence-transformers model as an `Embed` function (unit-normalised rows).
+
+    Every turn embeds one short text, where `encode`'s per-call bookkeeping costs about as
+    much as the forward pass; for the common mean-pooling layout the forward pass runs
+    directly (same vectors), anything else goes through `encode`.
+    """
+    if _is_mean_pooled(model):
+        tokenizer, transformer = model.tokenizer, model[0].auto_model
+        max_length = model.get_max_seq_length()
+
+        def fast(texts: list[str]) -> np.ndarray:
+            with torch.inference_mode():
+                features = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+                features = {k: v.to(transformer.device) for k, v in features.items()}
+                hidden = transformer(**features).last_hidden_state
+                mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                return torch.nn.functional.normalize(pooled, dim=-1).float().cpu().numpy()
+
+        return fast
 
     def embed(texts: list[str]) -> np.ndarray:
-        return np.asarray(model.encode(texts, normalize_embeddings=True, convert_to_numpy=True))
+        return np.asarray(model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False))
 
     return embed
+
+
+def _is_mean_pooled(model: Any) -> bool:
+    """Transformer, then mean pooling, then optional normalisation: nothing else changes the vector."""
+    names = [type(module).__name__ for module in model]
+    if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        return False
+    return model[1].get_config_dict().get("pooling_mode") == "mean"
 
 
 def intent_prototypes(bot: BotDefinition, embed: Embed) -> dict[str, np.ndarray]:

@@ -53,3 +53,14 @@ def test_bundled_embedder_embeds_and_is_cached() -> None:
     vectors = embedder.encode(["book a table", "reserve a table", "what is the weather"], normalize_embeddings=True)
     assert vectors.shape == (3, 384)
     assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+
+
+def test_fast_embedding_path_gives_the_same_vectors_as_encode() -> None:
+    from chatcache.hcac import sentence_embed
+
+    embedder = load_embedder("bundled", device="cpu")
+    texts = ["book a table", "What will the weather be like in Paris tomorrow, and should I take an umbrella?"]
+    fast = sentence_embed(embedder)(texts)
+    reference = embedder.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    assert fast.shape == reference.shape
+    assert float(abs(fast - reference).max()) < 1e-5
