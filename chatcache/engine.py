@@ -446,13 +446,17 @@ class ChatEngine:
         stats: TurnStats,
         started: float,
         out: list[Message],
+        prefix: list[int] | None = None,
     ) -> Generator[str, None, None]:
         """Stream the model's reply on the session's cached KV and append it to `out`.
 
-        The reply is handed over through `out`, not returned: when the reader cancels, Python
-        closes this generator and a return value would be lost.
+        `session_id` is the token-tier key (the LangChain path passes a conversation key) and
+        `prefix` the shared system-prompt ids to start from (default: the engine's). The reply
+        is handed over through `out`, not returned: when the reader cancels, Python closes this
+        generator and a return value would be lost.
         """
-        checkout = self.token_tier.checkout(session_id, prompt, self._system_ids, len(prompt) + params.max_new_tokens)
+        prefix = self._system_ids if prefix is None else prefix
+        checkout = self.token_tier.checkout(session_id, prompt, prefix, len(prompt) + params.max_new_tokens)
         stats.prompt_tokens, stats.reused_tokens, stats.tier = len(prompt), checkout.reused, checkout.tier
         stats.prefilled_tokens = len(prompt) - checkout.reused
         generated: list[int] = []

@@ -31,10 +31,8 @@ from typing import TYPE_CHECKING
 from ..answer_cache import Scope, bot_fingerprint, follow_up_context
 from ..config import GenerationConfig
 from ..errors import InvalidMessageError
-from ..generation import generate_tokens
 from ..prompt import Message, RenderedSegments
 from ..reply import Reply, ReplyStream, TurnStats
-from ..text_stream import TextStream
 
 if TYPE_CHECKING:
     from ..engine import ChatEngine
@@ -199,7 +197,7 @@ def _run(
     system = engine.renderer.system_ids(conversation[0].content) if conversation[0].role == "system" else []
     out: list[Message] = []
     with key_locks.get(key):
-        yield from _generate(engine, key, prompt, system, params, stats, started, out)
+        yield from engine._generate(key, prompt, params, stats, started, out, prefix=system)
     if not out:
         return
     reply = out[0]
@@ -216,60 +214,3 @@ def _run(
     stats.total_s = time.perf_counter() - started
     stats.kv_bytes = engine.token_tier.resident_bytes()
     holder.append(Reply(key, reply.content, list(reply.generated_ids or ()), stats))
-
-
-def _generate(
-    engine: ChatEngine,
-    key: str,
-    prompt: list[int],
-    system: list[int],
-    params: GenerationConfig,
-    stats: TurnStats,
-    started: float,
-    out: list[Message],
-) -> Generator[str, None, None]:
-    """The engine's `_generate` loop on a token-tier key instead of a session; the reply goes to `out`."""
-    tier = engine.token_tier
-    checkout = tier.checkout(key, prompt, system, len(prompt) + params.max_new_tokens)
-    stats.prompt_tokens, stats.reused_tokens, stats.tier = len(prompt), checkout.reused, checkout.tier
-    stats.prefilled_tokens = len(prompt) - checkout.reused
-    generated: list[int] = []
-    entropies: list[float] = []
-    text_stream = TextStream(engine.chat_model.tokenizer, params.stop)
-    stats.finish_reason = "cancelled"
-    try:
-        tokens = generate_tokens(engine.chat_model.model, checkout.cache, prompt[checkout.reused:], params, engine._eos_ids)
-        for token in tokens:
-            if not generated:
-                stats.ttft_s = time.perf_counter() - started
-            generated.append(token.token_id)
-            entropies.append(token.entropy_bits)
-            piece = text_stream.add(token.token_id)
-            if piece:
-                yield piece
-            if text_stream.stopped:
-                break
-        if text_stream.stopped:
-            stats.finish_reason = "stop"
-        elif generated and generated[-1] in engine._eos_ids:
-            stats.finish_reason = "eos"
-        else:
-            stats.finish_reason = "length"
-        tail = text_stream.flush()
-        if tail:
-            yield tail
-    except GeneratorExit:
-        pass  # the reader stopped reading: keep what was generated
-    except BaseException:
-        tier.release(key)  # the KV may be half-extended: the next call recomputes
-        raise
-    if not generated:
-        tier.release(key)
-        return
-    decode_s = time.perf_counter() - started - stats.ttft_s
-    stats.generated_tokens = len(generated)
-    stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
-    stats.mean_entropy_bits = sum(entropies) / len(entropies)
-    # The KV covers the prompt and every reply token but the last, which was never fed.
-    tier.checkin(key, prompt + generated[:-1], checkout.cache)
-    out.append(Message("assistant", text_stream.text, tuple(generated)))
