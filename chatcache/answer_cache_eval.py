@@ -232,15 +232,11 @@ def main_answer_cache(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--test", required=True, help="questions replayed against it, CSV text,category")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    result = evaluate_answer_cache(args.train, args.test)
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    rows = [("cache", result), ("no verify", result["without_verification"])]
-    rows += [(f"emb-only {t}", row) for t, row in result["embedding_only"].items()]
-    for name, row in rows:
-        print(f"{name:16} hit_rate={row['hit_rate']:.3f} precision={row['precision']:.4f} hits={row['hits']}/{row['questions']}")
-    return 0
+    return _report(
+        evaluate_answer_cache(args.train, args.test),
+        args.json,
+        lambda row: f"hit_rate={row['hit_rate']:.3f} precision={row['precision']:.4f} hits={row['hits']}/{row['questions']}",
+    )
 
 
 def main_pairs(argv: Sequence[str] | None = None) -> int:
@@ -250,13 +246,21 @@ def main_pairs(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--positives", required=True, help="GPTCache mock pairs, JSON list of origin/similar")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    result = evaluate_pairs(args.tsv, args.positives)
-    if args.json:
+    return _report(
+        evaluate_pairs(args.tsv, args.positives),
+        args.json,
+        lambda row: f"false_hit_rate={row['false_hit_rate']:.3f} paws_hit_rate={row['paws_hit_rate']:.3f} "
+        f"positive_hit_rate={row['positive_hit_rate']:.3f}",
+    )
+
+
+def _report(result: dict[str, Any], as_json: bool, line: Callable[[dict[str, Any]], str]) -> int:
+    """One JSON object, or a line per configuration: the cache, without verification, embedding-only."""
+    if as_json:
         print(json.dumps(result))
         return 0
     rows = [("cache", result), ("no verify", result["without_verification"])]
     rows += [(f"emb-only {t}", row) for t, row in result["embedding_only"].items()]
     for name, row in rows:
-        print(f"{name:16} false_hit_rate={row['false_hit_rate']:.3f} paws_hit_rate={row['paws_hit_rate']:.3f} "
-              f"positive_hit_rate={row['positive_hit_rate']:.3f}")
+        print(f"{name:16} {line(row)}")
     return 0
