@@ -62,6 +62,9 @@ def sentence_embed(model: Any) -> Embed:
         max_length = model.get_max_seq_length()
 
         def fast(texts: list[str]) -> np.ndarray:
+            return np.concatenate([batch(texts[i : i + 32]) for i in range(0, len(texts), 32)] or [np.zeros((0, 0))])
+
+        def batch(texts: list[str]) -> np.ndarray:
             with torch.inference_mode():
                 features = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
                 features = {k: v.to(transformer.device) for k, v in features.items()}
