@@ -341,7 +341,7 @@ class ChatEngine:
         facts = {f"{f.kind.value}:{f.name}": f.value for f in conversation.facts}
         window = conversation.turns[conversation.context_start:]
         base = Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), self.tenant)
-        if context.cacheable and context.intent and context.dialogue_state in ("ACTING", "DONE"):
+        if context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE"):
             slots = dict(conversation.state.get("dialogue", {}).get("slots", {}))
             return Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots)), True
         if not window and not facts:

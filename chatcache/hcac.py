@@ -43,6 +43,7 @@ class TurnContext:
     confidence: float | None = None
     dialogue_state: str | None = None
     cacheable: bool = False
+    confirmed: bool = False
     drift: bool = False
     drift_reasons: tuple[str, ...] = ()
     bot_reply: str | None = None
@@ -149,6 +150,7 @@ class ContextCoordinator:
         context.intent, context.confidence = decision.intent, decision.confidence
         context.dialogue_state = decision.state["state"]
         context.cacheable, context.bot_reply, context.action = decision.cacheable, decision.prompt, decision.action
+        context.confirmed = decision.confirmed
         self.turn_tier.put(conversation.id, "intent_candidate", (decision.intent, decision.confidence))
         slots = dict(decision.state.get("slots", {}))
         if decision.confirmed and decision.intent != OUT_OF_SCOPE:

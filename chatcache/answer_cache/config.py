@@ -12,7 +12,8 @@ class AnswerCacheConfig:
     """Attributes:
     similarity_threshold: cosine similarity a cached question needs to be served (0 is valid).
     intent_similarity_threshold: the same within a confirmed cacheable intent's scope, where
-        the dialogue state machine already vouches for the meaning.
+        the dialogue state machine already vouches for the meaning (by default any wording of
+        the intent with the same slot values shares the entry; verification still applies).
     margin: how much closer the best answer must be than the closest different answer; a
         question between two answers gets neither.
     neighbors: how many nearest cached questions are weighed.
@@ -24,7 +25,7 @@ class AnswerCacheConfig:
     """
 
     similarity_threshold: float = 0.75
-    intent_similarity_threshold: float = 0.50
+    intent_similarity_threshold: float = 0.0
     margin: float = 0.12
     neighbors: int = 10
     max_entropy_bits: float = 5.2

@@ -60,3 +60,20 @@ def test_audit_mode_runs_the_model_and_records_agreement(build) -> None:  # type
     assert hit.stats.answer_cache_hit
     stats = engine.answer_cache.snapshot()
     assert stats.audits == 1 and stats.audit_agreements == 1
+
+
+def test_wordings_of_a_confirmed_cacheable_intent_share_an_entry(make_engine, bundled_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(
+        bundled_model,
+        bot="customer_service",
+        answer_cache=AnswerCacheConfig(max_entropy_bits=100.0),
+        store=f"sqlite:///{tmp_path}/bank.db",
+        token_tier=TokenTierConfig(spill_dir=None),
+    )
+    first = engine.chat("a", "What are your opening hours?", max_new_tokens=64)
+    assert first.intent == "opening_hours" and first.stats.finish_reason == "eos"
+    other_wording = engine.chat("b", "When does the branch open?", max_new_tokens=64)
+    assert other_wording.intent == "opening_hours"
+    assert other_wording.stats.answer_cache_hit and other_wording.text == first.text
+    unrelated = engine.chat("c", "I lost my card", max_new_tokens=64)
+    assert not unrelated.stats.answer_cache_hit  # another intent, another entry
