@@ -233,8 +233,13 @@ class AnswerCache:
         embedding: np.ndarray | None = None,
         intent: str | None = None,
         prefetched: bool = False,
+        replace: bool = False,
     ) -> bool:
-        """Cache `answer` for `question` in `scope`; False when it is refused or already there."""
+        """Cache `answer` for `question` in `scope`; False when it is refused or already there.
+
+        With `replace`, an entry for the same normalised question in the scope is overwritten
+        (LangChain's cache contract) instead of kept.
+        """
         normalized = normalize(question)
         if not normalized or not answer.strip():
             return False
@@ -246,7 +251,9 @@ class AnswerCache:
         with self._lock:
             existing = self._exact[key].get(normalized)
             if existing is not None and self._alive(existing):
-                return False
+                if not replace:
+                    return False
+                self._remove(existing)
         vector = np.asarray(embedding if embedding is not None else self._embed([normalized])[0], dtype=np.float32)
         now = self._clock()
         record = AnswerRecord(

@@ -204,3 +204,13 @@ def test_thresholds_are_cosine_and_zero_is_valid() -> None:
     assert AnswerCacheConfig(similarity_threshold=0.0).similarity_threshold == 0.0
     with pytest.raises(ConfigError, match="cosine"):
         AnswerCacheConfig(similarity_threshold=1.5)
+
+
+def test_replace_overwrites_the_entry_of_the_same_question(toy_embed) -> None:  # type: ignore[no-untyped-def]
+    answers = cache(toy_embed)
+    answers.store("opening hours", "9 to 5", BOT, 1.0, 100)
+    assert not answers.store("opening hours", "10 to 6", BOT, 1.0, 100)
+    assert answers.lookup("opening hours", BOT).answer == "9 to 5"  # type: ignore[union-attr]
+    assert answers.store("opening hours", "10 to 6", BOT, 1.0, 100, replace=True)
+    assert answers.lookup("opening hours", BOT).answer == "10 to 6"  # type: ignore[union-attr]
+    assert answers.snapshot().entries == 1

@@ -89,3 +89,10 @@ async def test_async_calls_run_off_the_event_loop(tmp_path, toy_embed) -> None: 
     await cache.aupdate("a question about cats", "m", [Generation(text="meow")])
     assert await cache.alookup("a question about cats", "m") == [Generation(text="meow")]
     assert seen and threading.main_thread().name not in seen
+
+
+def test_update_overwrites_like_any_langchain_cache(tmp_path, toy_embed) -> None:  # type: ignore[no-untyped-def]
+    cache = SemanticCache(f"sqlite:///{tmp_path}/llm.db", embed=toy_embed)
+    cache.update("What is the capital of France?", "m", [Generation(text="Lyon")])
+    cache.update("What is the capital of France?", "m", [Generation(text="Paris")])
+    assert cache.lookup("What is the capital of France?", "m") == [Generation(text="Paris")]
