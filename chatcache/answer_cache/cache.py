@@ -233,11 +233,11 @@ class AnswerCache:
         embedding: np.ndarray | None = None,
         intent: str | None = None,
         prefetched: bool = False,
-        replace: bool = False,
+        overwrite: bool = False,
     ) -> bool:
         """Cache `answer` for `question` in `scope`; False when it is refused or already there.
 
-        With `replace`, an entry for the same normalised question in the scope is overwritten
+        With `overwrite`, an entry for the same normalised question in the scope is overwritten
         (LangChain's cache contract) instead of kept.
         """
         normalized = normalize(question)
@@ -251,7 +251,7 @@ class AnswerCache:
         with self._lock:
             existing = self._exact[key].get(normalized)
             if existing is not None and self._alive(existing):
-                if not replace:
+                if not overwrite:
                     return False
                 self._remove(existing)
         vector = np.asarray(embedding if embedding is not None else self._embed([normalized])[0], dtype=np.float32)

@@ -136,7 +136,7 @@ class SemanticCache(BaseCache):
     def update(self, prompt: str, llm_string: str, return_val: RETURN_VAL_TYPE) -> None:
         question, scope = self._key(prompt, llm_string)
         # LangChain's models are not ours to measure: entropy is unknown, so it never refuses.
-        self._answers.store(question, dumps(list(return_val)), scope, entropy_bits=0.0, latency_ms=0.0, replace=True)
+        self._answers.store(question, dumps(list(return_val)), scope, entropy_bits=0.0, latency_ms=0.0, overwrite=True)
 
     def clear(self, **kwargs: Any) -> None:
         self._answers.clear()

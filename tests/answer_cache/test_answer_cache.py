@@ -211,6 +211,6 @@ def test_replace_overwrites_the_entry_of_the_same_question(toy_embed) -> None:  
     answers.store("opening hours", "9 to 5", BOT, 1.0, 100)
     assert not answers.store("opening hours", "10 to 6", BOT, 1.0, 100)
     assert answers.lookup("opening hours", BOT).answer == "9 to 5"  # type: ignore[union-attr]
-    assert answers.store("opening hours", "10 to 6", BOT, 1.0, 100, replace=True)
+    assert answers.store("opening hours", "10 to 6", BOT, 1.0, 100, overwrite=True)
     assert answers.lookup("opening hours", BOT).answer == "10 to 6"  # type: ignore[union-attr]
     assert answers.snapshot().entries == 1
