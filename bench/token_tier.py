@@ -24,7 +24,7 @@ import torch
 
 from chatcache import ChatEngine, TokenTierConfig, load_chat_model
 from chatcache.generation import forward, prefill
-from chatcache.kv import clone, crop_to, new_cache
+from chatcache.kv import clone, crop_to, kv_bytes_per_token, new_cache
 from chatcache.kv_spill import SpillStore
 
 from .common import DEFAULT_DATA, median, schema_system_prompt, sgd_user_turns, timed
@@ -111,10 +111,12 @@ def restore_vs_recompute(engine: ChatEngine, tokens: int, workdir: Path) -> dict
 
 def budget_run(model: Any, system_prompt: str, dialogues: list[tuple[str, list[str]]], spill: Path) -> dict[str, Any]:
     """Several sessions interleaved under a budget that holds about two of them."""
-    probe = ChatEngine(model, system_prompt=system_prompt, token_tier=TokenTierConfig(spill_dir=None))
-    budget = probe.token_tier.bytes_per_token * 2 * 1400
+    budget = kv_bytes_per_token(model.model.config, model.model.dtype) * 2 * 1400
     engine = ChatEngine(
-        model, system_prompt=system_prompt, token_tier=TokenTierConfig(memory_budget_bytes=budget, spill_dir=spill)
+        model,
+        system_prompt=system_prompt,
+        token_tier=TokenTierConfig(memory_budget_bytes=budget, spill_dir=spill),
+        store=f"sqlite:///{spill.parent}/budget.db",
     )
     peak = 0
     tiers: dict[str, int] = {}
@@ -203,8 +205,12 @@ def main() -> None:
     system_prompt = schema_system_prompt(args.data, chat_model.tokenizer, target_tokens=1000)
     dialogues = sgd_user_turns(args.data, args.dialogues, min_turns=12)
     with tempfile.TemporaryDirectory() as scratch:
+        # A scratch session database: conversations must start empty, whatever ran before.
         engine = ChatEngine(
-            chat_model, system_prompt=system_prompt, token_tier=TokenTierConfig(spill_dir=Path(scratch) / "kv")
+            chat_model,
+            system_prompt=system_prompt,
+            token_tier=TokenTierConfig(spill_dir=Path(scratch) / "kv"),
+            store=f"sqlite:///{scratch}/sessions.db",
         )
         rows = conversations(engine, dialogues, args.max_new_tokens)
         restore = restore_vs_recompute(engine, 2000, Path(scratch) / "restore")
