@@ -135,6 +135,7 @@ class AnswerCache:
             embedding: the question's unit embedding if the caller already has it.
             intent_scoped: the scope is a confirmed cacheable intent: a lower threshold applies.
         """
+        started = time.perf_counter()
         normalized = normalize(question)
         if not normalized:
             return None
@@ -143,7 +144,7 @@ class AnswerCache:
             self.stats.lookups += 1
             entry_id = self._exact[key].get(normalized)
             if entry_id is not None and self._alive(entry_id):
-                return self._hit(entry_id, 1.0, exact=True)
+                return self._hit(entry_id, 1.0, exact=True, started=started)
             if key not in self._indexes:
                 self.stats.misses += 1
                 return None
@@ -156,13 +157,13 @@ class AnswerCache:
                 return None
             if not self.config.verify:
                 entry_id, similarity = candidates[0]
-                return self._hit(entry_id, similarity, exact=False)
+                return self._hit(entry_id, similarity, exact=False, started=started)
             # Every stored wording of the winning answer may vouch for it: serve through the
             # closest one that passes verification, so one odd rewording does not block it.
             for entry_id, similarity in candidates:
                 verdict = verify(question, self._entries[entry_id].record.question)
                 if verdict.ok:
-                    return self._hit(entry_id, similarity, exact=False)
+                    return self._hit(entry_id, similarity, exact=False, started=started)
             self.stats.refused_by_verification += 1
             reason = verdict.reason.split(":")[0]
             self.stats.refusal_reasons[reason] = self.stats.refusal_reasons.get(reason, 0) + 1
@@ -206,10 +207,10 @@ class AnswerCache:
             return False
         return True
 
-    def _hit(self, entry_id: int, similarity: float, exact: bool) -> CacheHit:
+    def _hit(self, entry_id: int, similarity: float, exact: bool, started: float) -> CacheHit:
+        """Count a hit; `started` is when the lookup began, so the entry's heat decays by what serving it cost."""
         entry = self._entries[entry_id]
         now = self._clock()
-        started = time.perf_counter()
         expires = now + timedelta(seconds=self.config.ttl_s) if self.config.sliding_ttl else entry.record.expires_at
         entry.record = replace(entry.record, hits=entry.record.hits + 1, last_hit_at=now, expires_at=expires)
         if self._entries_db is not None and self.config.sliding_ttl:

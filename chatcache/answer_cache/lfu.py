@@ -4,8 +4,9 @@ From the design (DSAC): each item's access frequency decays by a factor chosen b
 latency: 0.98 under 5 ms, 0.75 over 100 ms. The design's in-between formula,
 `0.92 + 0.06 * (100 - ms) / 95`, gives 0.98 at 5 ms but 0.92 at 100 ms, a jump to 0.75 just
 past it; here the factor runs linearly from 0.98 at 5 ms to 0.75 at 100 ms, so it is
-continuous. Latency is what it costs to serve the item from the cache (the slowest recent
-serve): items that are slow to serve lose their heat fastest, as in the design. Decay is
+continuous. Latency is what it cost to serve the item the last time it was used (for an
+answer, the whole lookup; for a session's KV, the turn's time to first token): items that are
+slow to serve lose their heat fastest, as in the design. Decay is
 applied per `period_s` of wall time, lazily. Recency is added on top so a new item is not
 evicted before it had a chance to be used (LRU compensation).
 

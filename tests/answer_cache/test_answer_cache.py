@@ -214,3 +214,19 @@ def test_replace_overwrites_the_entry_of_the_same_question(toy_embed) -> None:  
     assert answers.store("opening hours", "10 to 6", BOT, 1.0, 100, overwrite=True)
     assert answers.lookup("opening hours", BOT).answer == "10 to 6"  # type: ignore[union-attr]
     assert answers.snapshot().entries == 1
+
+
+def test_a_hit_records_what_the_whole_lookup_cost_as_the_entrys_latency() -> None:
+    import time as clock_time
+
+    def slow_embed(texts: list[str]) -> np.ndarray:
+        clock_time.sleep(0.05)  # an embedder this slow makes every semantic serve cost >= 50 ms
+        rows = np.zeros((len(texts), 8), dtype=np.float32)
+        rows[:, 0] = 1.0
+        return rows
+
+    answers = AnswerCache(AnswerCacheConfig(verify=False), slow_embed)
+    answers.store("opening hours", "9 to 5", BOT, 1.0, 100, embedding=slow_embed(["x"])[0])
+    assert answers.lookup("when do you open", BOT) is not None
+    (entry,) = answers._entries.values()
+    assert entry.heat.latency_ms >= 50
