@@ -13,4 +13,4 @@ chown postgres "$PGDATA"
 su postgres -c "$PGBIN/initdb -D $PGDATA -A trust -U postgres" >/dev/null
 su postgres -c "$PGBIN/pg_ctl -D $PGDATA -l $PGDATA/server.log -w -o '-p $PORT -k $PGDATA -c listen_addresses=127.0.0.1' start" >/dev/null
 echo "postgresql+psycopg://postgres@127.0.0.1:$PORT/postgres"
-echo "su postgres -c '$PGBIN/pg_ctl -D $PGDATA stop -m fast' >/dev/null; rm -rf $PGDATA"
+echo "cd / && su postgres -c '$PGBIN/pg_ctl -D $PGDATA stop -m fast' >/dev/null; rm -rf $PGDATA"
