@@ -108,15 +108,15 @@ def evaluate_drift(
         services: list[set[str]] = []
         found: list[int] = []
         seed_found: list[int] = []
-        assistant = None
+        assistant, assistant_text = None, None
         for turn in dialogue["turns"]:
             vector = next(vectors)
             if turn["speaker"] != "USER":
-                assistant = vector
+                assistant, assistant_text = vector, turn["utterance"]
                 continue
             i = len(services)
             services.append({frame["service"] for frame in turn["frames"]})
-            if detector.observe(sid, vector, turn["utterance"], assistant).drift:
+            if detector.observe(sid, vector, turn["utterance"], assistant, assistant_text).drift:
                 found.append(i)
             if seed.observe(sid, vector).drift:
                 seed_found.append(i)

@@ -4,7 +4,8 @@ Before the model runs, `ContextCoordinator.before_reply`:
   1. embeds the user turn (the classifier, drift detection and the turn tier all use it);
   2. steps the dialogue state machine (intent with confidence, slots, flow state) and saves
      the new state with optimistic locking;
-  3. on a topic change (drift), drops the session's turn-tier entries and moves the prompt
+  3. on a topic change (drift: judged against the assistant's last turn and whether the
+     flow just completed a task), drops the session's turn-tier entries and moves the prompt
      window to start at this turn: older turns stay in the session tier, confirmed facts stay
      in the prompt, and the token tier then reuses only the stable prefix;
   4. keeps the turn's intent candidates and unconfirmed slots in the turn tier;
@@ -120,20 +121,32 @@ class ContextCoordinator:
         )
 
     def before_reply(self, conversation: Conversation, text: str, turn_id: str) -> TurnContext:
-        context = TurnContext(embedding=self.embed([text])[0])
+        previous = conversation.turns[-1] if conversation.turns else None
+        assistant_text = previous.content if previous is not None and previous.role == "assistant" else None
+        # One batch: the assistant's last turn is context the new user turn is judged against.
+        vectors = self.embed([text] if assistant_text is None or self.drift is None else [text, assistant_text])
+        embedding = vectors[0]
+        context = TurnContext(embedding=embedding)
+        flow_done = (conversation.state.get(DIALOGUE) or {}).get("state") == State.DONE.value
         if self.manager is not None:
             self._step_dialogue(conversation, text, turn_id, context)
-        if self.drift is not None and conversation.turns:
+        if self.drift is not None:
             hint = context.intent if context.intent not in (None, OUT_OF_SCOPE) else None
-            result = self.drift.observe(conversation.id, context.embedding, text, domain_hint=hint)
-            if result.drift:
+            result = self.drift.observe(
+                conversation.id,
+                embedding,
+                text,
+                assistant_embedding=vectors[1] if len(vectors) > 1 else None,
+                assistant_text=assistant_text,
+                task_closed=flow_done,
+                domain_hint=hint,
+            )
+            if result.drift and conversation.turns:
                 context.drift, context.drift_reasons = True, tuple(result.reasons)
                 self.turn_tier.invalidate(conversation.id)
                 self.conversations.move_context_start(conversation, len(conversation.turns))
                 conversation.segments.ids.clear()
-        elif self.drift is not None:
-            self.drift.observe(conversation.id, context.embedding, text)
-        self.turn_tier.put(conversation.id, "embedding", context.embedding)
+        self.turn_tier.put(conversation.id, "embedding", embedding)
         return context
 
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
@@ -143,7 +156,7 @@ class ContextCoordinator:
             machine = DialogueStateMachine.from_dict(state)  # a new user turn starts over
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{turn_id}:reset"))
             state = machine.to_dict()
-        decision = self.manager.handle(state, text, turn_id)
+        decision = self.manager.handle(state, text, turn_id, context.embedding)
         self.conversations.update_state(
             conversation, {DIALOGUE: decision.state, "flow_active": decision.state.get("flow_active", False)}
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatcache.drift import DriftConfig, DriftDetector, SeedRule, is_low_information
+from chatcache.drift import DriftConfig, DriftDetector, SeedRule, StageThresholds, closes_task, is_low_information
 from chatcache.errors import ConfigError
 
 
@@ -44,14 +44,23 @@ def test_seed_rule_window_drop_fires_on_a_turn_far_from_the_window() -> None:
     assert result.drift and result.reasons == ["window_drop"]
 
 
-def test_low_information_turns_never_fire() -> None:
+@pytest.mark.parametrize("assistant_text", ["Which date would you like?", "Your room is booked. Anything else?"])
+def test_low_information_turns_never_fire(assistant_text: str) -> None:
     detector = DriftDetector(DriftConfig(), PROTOTYPES)
     start_hotel_topic(detector)
-    for text in ("Yes, book it.", "Thanks!", "7 pm", "No, that's all, thank you.", "Sounds good to me."):
-        result = detector.observe("s", CAR, text, domain_hint="RentalCars", history_gain=0.0)
+    for text in ("Thanks!", "7 pm", "No, that's all, thank you.", "Sounds good to me."):
+        result = detector.observe("s", CAR, text, assistant_text=assistant_text, domain_hint="RentalCars")
         assert not result.drift
         assert result.reasons == ["low_information"]
+
+
+def test_one_content_word_is_low_information_only_while_the_task_is_open() -> None:
     assert is_low_information("Yes, book it.", 2)
+    assert not is_low_information("I need a hotel.", 1)
+    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(detector)
+    assert detector.observe("s", CAR, "A car.", assistant_text="Which room type?").reasons == ["low_information"]
+    assert detector.observe("s", CAR, "A car.", assistant_text="Your room is booked.").drift
     assert not is_low_information("I need a rental car in Fresno", 2)
 
 
@@ -87,12 +96,58 @@ def test_prototype_domain_change_fires_and_starts_a_new_topic() -> None:
     assert not detector.observe("s", unit(0.05, 1, 0, 0.05), "A compact rental car until Friday").drift
 
 
-def test_low_history_gain_with_distance_fires() -> None:
-    detector = DriftDetector(DriftConfig(history_gain=0.2))
+# Halfway between the hotel and car axes, a little closer to cars: novelty about 0.3,
+# domain margin about 0.2 -- enough after a closed task, not while one is open.
+CAR_ISH = unit(0.55, 0.8, 0, 0)
+
+
+def test_a_closed_task_lowers_the_bar_an_open_one_raises_it() -> None:
+    open_task = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(open_task)
+    result = open_task.observe("s", CAR_ISH, "What about a car rental in Paris", assistant_text="Shall I book it?")
+    assert not result.drift
+    assert "open_task" in result.reasons and "domain:Hotels->RentalCars" not in result.reasons
+
+    closed = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(closed)
+    result = closed.observe("s", CAR_ISH, "What about a car rental in Paris", assistant_text="Your room is booked.")
+    assert result.drift
+    assert "closed_task" in result.reasons and "domain:Hotels->RentalCars" in result.reasons
+
+
+def test_the_caller_can_say_the_task_is_closed() -> None:
+    detector = DriftDetector(DriftConfig(), PROTOTYPES)
     start_hotel_topic(detector)
-    assert not detector.observe("s", CAR, "I also need a rental car there", history_gain=0.5).drift
-    result = detector.observe("s", WEATHER, "Will it rain in Paris tomorrow", history_gain=0.05)
-    assert result.drift and "low_history_gain" in result.reasons
+    result = detector.observe("s", CAR_ISH, "What about a car rental in Paris", task_closed=True)
+    assert result.drift and "closed_task" in result.reasons
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Is there anything else I can help you with?",
+        "Can I help you with something else?",
+        "Do you need any further assistance?",
+        "Your table is booked.",
+        "The transfer was successful and will complete in 3 days.",
+        "You're welcome.",
+    ],
+)
+def test_closes_task_recognises_completions_and_requests_for_more(text: str) -> None:
+    assert closes_task(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I found 3 hotels. How about the Ritz?",
+        "Please confirm: a table for 2 is booked at 7 pm?",
+        "Do you prefer music, sports or something else?",
+        "Which city are you staying in?",
+    ],
+)
+def test_closes_task_leaves_offers_and_questions_open(text: str) -> None:
+    assert not closes_task(text)
 
 
 def test_assistant_turn_counts_as_context() -> None:
@@ -127,27 +182,42 @@ def test_sessions_are_independent() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"novelty": -0.1},
-        {"domain_margin": 3.0},
+        {"seed_ratio": -0.1},
+        {"seed_window_drop": 3.0},
         {"seed_cos": 1.5},
         {"min_domain_similarity": -2.0},
         {"topic_window": 0},
         {"seed_consecutive": 0},
         {"seed_window": 0},
-        {"min_content_words": -1},
+        {"open_task": {"novelty": 0.5}},
     ],
 )
-def test_config_validation_rejects_bad_values(kwargs: dict[str, float]) -> None:
+def test_config_validation_rejects_bad_values(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
-        DriftConfig(**kwargs)
+        DriftConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_handover_turn_moves_the_topic_without_drifting() -> None:
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_content_words": -1, "novelty": 0.5, "domain_margin": 0.1},
+        {"min_content_words": 1, "novelty": -0.1, "domain_margin": 0.1},
+        {"min_content_words": 1, "novelty": 0.5, "domain_margin": 2.5},
+    ],
+)
+def test_stage_thresholds_reject_bad_values(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        StageThresholds(**kwargs)  # type: ignore[arg-type]
+
+
+def test_acknowledging_an_open_task_keeps_its_history() -> None:
     detector = DriftDetector(DriftConfig(), PROTOTYPES)
     start_hotel_topic(detector)
-    result = detector.observe("s", CAR, "Great, thanks. Can you also get me a rental car there?")
+    text = "Great, thanks. Can you also get me a rental car there?"
+    result = detector.observe("s", CAR, text, assistant_text="How about the Ritz, 4 stars?")
     assert not result.drift
-    assert "handover" in result.reasons
-    # The topic moved to cars: the next car turn is no drift, a weather turn is.
-    assert not detector.observe("s", unit(0.05, 1, 0, 0.05), "A compact rental car until Friday").drift
-    assert detector.observe("s", WEATHER, "Will it rain in Fresno tomorrow").drift
+    assert "answers_open_task" in result.reasons
+    # Once the assistant closed the task, the same turn starts a new topic.
+    closed = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(closed)
+    assert closed.observe("s", CAR, text, assistant_text="Your room is booked. Anything else?").drift

@@ -112,3 +112,23 @@ def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> No
     follow = engine.chat("s", "yes", max_new_tokens=6)  # the flow goes on in the new topic
     assert not follow.stats.drift and follow.intent == "transfer_money"
     assert "on Saturday" not in engine.renderer.tokenizer.decode(engine.token_tier._sessions["s"].ids)
+
+
+def test_drift_is_judged_against_the_assistant_turn_and_the_finished_flow(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    engine = bank(drift=True)
+    detector = engine.coordinator.drift
+    seen: list[dict] = []
+    observe = detector.observe
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kwargs)
+        return observe(*args, **kwargs)
+
+    monkeypatch.setattr(detector, "observe", recording)
+    asked = engine.chat("s", TRANSFER, max_new_tokens=6)  # the flow asks for confirmation
+    done = engine.chat("s", "yes, do it", max_new_tokens=6)  # the flow acts: the task is done
+    engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
+    assert seen[0]["assistant_text"] is None and seen[0]["assistant_embedding"] is None
+    assert seen[1]["assistant_text"] == asked.text and not seen[1]["task_closed"]
+    assert seen[1]["assistant_embedding"] is not None
+    assert seen[2]["assistant_text"] == done.text and seen[2]["task_closed"]
