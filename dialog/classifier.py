@@ -93,17 +93,19 @@ class IntentClassifier:
         if self._examples.shape[0] != len(texts):
             raise ValueError(f"embed returned {self._examples.shape[0]} rows for {len(texts)} texts")
 
-    def classify(self, text: str) -> IntentResult:
+    def classify(self, text: str, embedding: np.ndarray | None = None) -> IntentResult:
         """Classify one utterance.
 
         Args:
             text: What the user said.
+            embedding: its unit-norm embedding, when the caller already has it (saves a
+                second pass of the embedder).
 
         Returns:
             The verdict; `intent` is "out_of_scope" when confidence is below the threshold
             or the margin is below the configured margin.
         """
-        query = np.asarray(self._embed([text]), dtype=np.float64)[0]
+        query = np.asarray(self._embed([text])[0] if embedding is None else embedding, dtype=np.float64)
         scores = self._intent_scores(self._examples @ query)
         logits = np.append(scores, self.reject_score) / self.temperature
         probs = np.exp(logits - logits.max())

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .classifier import IntentClassifier
 from .definition import OUT_OF_SCOPE, BotDefinition
 from .slots import SlotExtractor
@@ -62,7 +64,13 @@ class DialogueManager:
         self.promote_threshold = promote_threshold
         self._extractor = SlotExtractor(bot)
 
-    def handle(self, state: dict[str, Any] | None, text: str, turn_id: str | None = None) -> TurnDecision:
+    def handle(
+        self,
+        state: dict[str, Any] | None,
+        text: str,
+        turn_id: str | None = None,
+        embedding: np.ndarray | None = None,
+    ) -> TurnDecision:
         """Process one user turn.
 
         Args:
@@ -70,6 +78,7 @@ class DialogueManager:
             text: What the user said.
             turn_id: A unique id of this turn (e.g. the message id); it makes a retried turn
                 a no-op instead of a second event.
+            embedding: the text's unit-norm embedding, if the caller already computed it.
 
         Returns:
             The decision, including the new state.
@@ -78,10 +87,12 @@ class DialogueManager:
             IllegalTransitionError: The conversation is in a state that takes no user turn.
         """
         machine = DialogueStateMachine.from_dict(state) if state else DialogueStateMachine()
-        machine.apply(self._event(machine, text, turn_id))
+        machine.apply(self._event(machine, text, turn_id, embedding))
         return self._decide(machine)
 
-    def _event(self, machine: DialogueStateMachine, text: str, turn_id: str | None) -> DialogueEvent:
+    def _event(
+        self, machine: DialogueStateMachine, text: str, turn_id: str | None, embedding: np.ndarray | None
+    ) -> DialogueEvent:
         if machine.state in (State.COLLECTING_SLOTS, State.CONFIRMING) and machine.intent is not None:
             if machine.state == State.CONFIRMING:
                 # "no" is checked first: "no, don't do it" contains "do it".
@@ -93,11 +104,11 @@ class DialogueManager:
             changed = {k: v for k, v in found.items() if machine.slots.get(k) != v}
             if changed:
                 return DialogueEvent(EventType.SLOT_FILLED, {"slots": changed}, turn_id)
-            result = self.classifier.classify(text)
+            result = self.classifier.classify(text, embedding)
             if result.intent not in (OUT_OF_SCOPE, machine.intent):
                 return self._detected(result.intent, result.confidence, text, turn_id)
             return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id)
-        result = self.classifier.classify(text)
+        result = self.classifier.classify(text, embedding)
         if result.intent == OUT_OF_SCOPE:
             return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text, "confidence": result.confidence}, turn_id)
         return self._detected(result.intent, result.confidence, text, turn_id)

@@ -44,3 +44,18 @@ def test_bad_settings_fail_at_construction(bot, embed) -> None:
         IntentClassifier(bot, embed, temperature=0.0)
     with pytest.raises(ValueError, match="rows"):
         IntentClassifier(bot, lambda texts: np.zeros((1, 4)))
+
+
+def test_a_given_embedding_is_used_instead_of_embedding_again(bot, embed) -> None:  # type: ignore[no-untyped-def]
+    calls: list[list[str]] = []
+
+    def counting(texts: list[str]):  # type: ignore[no-untyped-def]
+        calls.append(texts)
+        return embed(texts)
+
+    classifier = IntentClassifier(bot, counting)
+    text = "I want to send money to my friend"
+    expected = classifier.classify(text)
+    calls.clear()
+    assert classifier.classify(text, embed([text])[0]) == expected
+    assert calls == []
