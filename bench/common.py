@@ -26,6 +26,25 @@ def sgd_user_turns(data_dir: Path, dialogues: int, min_turns: int) -> list[tuple
     return picked
 
 
+def sgd_exchanges(data_dir: Path, dialogues: int, min_turns: int) -> list[list[tuple[str, str]]]:
+    """(user turn, the system's answer) pairs of the first `dialogues` SGD dev dialogues with
+    at least `min_turns` of them."""
+    picked = []
+    with open(data_dir / "sgd" / "dev_dialogues.jsonl") as lines:
+        for line in lines:
+            turns = json.loads(line)["turns"]
+            pairs = [
+                (user["utterance"], system["utterance"])
+                for user, system in zip(turns, turns[1:])
+                if user["speaker"] == "USER" and system["speaker"] == "SYSTEM"
+            ]
+            if len(pairs) >= min_turns:
+                picked.append(pairs)
+            if len(picked) == dialogues:
+                break
+    return picked
+
+
 def schema_system_prompt(data_dir: Path, tokenizer: Any, target_tokens: int) -> str:
     """A customer-service system prompt built from the SGD schema: static policy first, then services."""
     schema = json.loads((data_dir / "sgd" / "dev_schema.json").read_text())

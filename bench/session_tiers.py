@@ -3,9 +3,9 @@
 Everything a turn does around the chat model, measured with 10,000 sessions in the SQLite
 database: open the conversation, record the user message, classify and step the dialogue
 state machine (state saved with optimistic locking), detect drift, update the turn tier,
-record the reply. Embeddings are computed beforehand for the main figure (the embedder is a
-model too), and the MiniLM embedding of one turn (the user turn with the assistant's last turn,
-one batch, as the coordinator embeds them) is timed separately beside it.
+record the reply. The turns and replies are SGD dev's. Embeddings are computed beforehand for
+the main figure (the embedder is a model too); the MiniLM embedding of one turn (the user turn
+with the assistant's last turn, one batch, as the coordinator embeds them) is timed beside it.
 
     python -m bench.session_tiers [--data ../shared/data] [--sessions 10000] [--turns 300]
 """
@@ -30,17 +30,17 @@ from chatcache.turn_tier import TurnTier
 from dialog import load_bot
 from storage import SessionStore
 
-from .common import DEFAULT_DATA, sgd_user_turns
+from .common import DEFAULT_DATA, sgd_exchanges
+
+
+SEED_TURN = ("What are your opening hours?", "We open at 9.")
 
 
 def seed_sessions(store: SessionStore, count: int) -> None:
     for index in range(count):
         store.create_session(f"seed-{index}", "bench", "customer_service")
-        store.append_message(f"seed-{index}", "user", "What are your opening hours?", 7)
-        store.append_message(f"seed-{index}", "assistant", "We open at 9.", 5)
-
-
-REPLY = "Done. Is there anything else I can help you with?"
+        store.append_message(f"seed-{index}", "user", SEED_TURN[0], 7)
+        store.append_message(f"seed-{index}", "assistant", SEED_TURN[1], 5)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -56,19 +56,19 @@ def main() -> None:
 
     bot = load_bot("customer_service")
     model_embed = sentence_embed(load_embedder("bundled", device="cpu"))
-    dialogues = sgd_user_turns(args.data, dialogues=max(1, args.turns // 10), min_turns=10)
-    texts = [text for _, turns in dialogues for text in turns[:10]][: args.turns]
+    dialogues = sgd_exchanges(args.data, dialogues=max(1, args.turns // 10), min_turns=10)
+    exchanges = [pair for pairs in dialogues for pair in pairs[:10]][: args.turns]
+    texts = list({text for pair in exchanges for text in pair})
+    texts += [e for intent in bot.intents for e in intent.examples] + list(SEED_TURN)
     vectors = dict(zip(texts, model_embed(texts)))
-    example_texts = [e for intent in bot.intents for e in intent.examples] + [REPLY]
-    vectors.update(zip(example_texts, model_embed(example_texts)))
 
     def precomputed(batch: list[str]) -> np.ndarray:
         return np.stack([vectors[text] for text in batch])
 
     embed_ms = []
-    for text in texts[:100]:
+    for user, previous_reply in zip(exchanges[1:101], exchanges):
         started = time.perf_counter()
-        model_embed([text, REPLY])
+        model_embed([user, previous_reply[1]])
         embed_ms.append((time.perf_counter() - started) * 1000)
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -82,13 +82,13 @@ def main() -> None:
         )
         rng = random.Random(0)
         turn_ms = []
-        for index, text in enumerate(texts):
+        for index, (text, reply) in enumerate(exchanges):
             session_id = f"live-{index // 10}" if rng.random() < 0.8 else f"seed-{rng.randrange(args.sessions)}"
             started = time.perf_counter()
             conversation = conversations.open(session_id, create=True)
             turn_id = conversations.record_user(conversation, text, len(text.split()))
             context = coordinator.before_reply(conversation, text, turn_id)
-            conversations.record_reply(conversation, Message("user", text), Message("assistant", REPLY), {"tier": "bench"})
+            conversations.record_reply(conversation, Message("user", text), Message("assistant", reply), {"tier": "bench"})
             coordinator.after_reply(conversation, context, turn_id)
             turn_ms.append((time.perf_counter() - started) * 1000)
         sessions_in_db = store.count_sessions()
