@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,6 +257,28 @@ class DriftDetector:
             topic.last_assistant = assistant_embedding
         stage_name = "closed_task" if closed else "open_task"
         return DriftResult(drift, float(novelty), [f"novelty:{novelty:.2f}", stage_name, *evidence])
+
+    def knows(self, session_id: str) -> bool:
+        """Whether this detector has seen the session (in this process)."""
+        return session_id in self._topics
+
+    def resume(
+        self,
+        session_id: str,
+        user_texts: list[str],
+        embed: Callable[[list[str]], np.ndarray],
+        domain_hint: str | None = None,
+    ) -> None:
+        """Rebuild a session's topic from its stored user turns (oldest first), e.g. in a new process.
+
+        Only the last `topic_window` informative turns are embedded: the ones `observe` would
+        have kept.
+        """
+        window = self.config.topic_window
+        informative = [t for t in user_texts if not is_low_information(t, self.config.open_task.min_content_words)]
+        vectors = list(embed(informative[-window:])) if informative else []
+        topic = _Topic(deque(vectors, maxlen=window), last_user=vectors[-1] if vectors else None, last_hint=domain_hint)
+        self._topics[session_id] = topic
 
     def reset(self, session_id: str) -> None:
         """Forget a session's topic (after it ends, or when the user asks to start over)."""

@@ -127,10 +127,14 @@ class ContextCoordinator:
         vectors = self.embed([text] if assistant_text is None or self.drift is None else [text, assistant_text])
         embedding = vectors[0]
         context = TurnContext(embedding=embedding)
-        flow_done = (conversation.state.get(DIALOGUE) or {}).get("state") == State.DONE.value
+        before = dict(conversation.state.get(DIALOGUE) or {})  # the dialogue as the last turn left it
         if self.manager is not None:
             self._step_dialogue(conversation, text, turn_id, context)
         if self.drift is not None:
+            if not self.drift.knows(conversation.id):  # a new process: the topic is in the stored turns
+                stored = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
+                last_intent = before.get("intent") if before.get("intent") != OUT_OF_SCOPE else None
+                self.drift.resume(conversation.id, stored, self.embed, last_intent)
             hint = context.intent if context.intent not in (None, OUT_OF_SCOPE) else None
             result = self.drift.observe(
                 conversation.id,
@@ -138,7 +142,7 @@ class ContextCoordinator:
                 text,
                 assistant_embedding=vectors[1] if len(vectors) > 1 else None,
                 assistant_text=assistant_text,
-                task_closed=flow_done,
+                task_closed=before.get("state") == State.DONE.value,
                 domain_hint=hint,
             )
             if result.drift and conversation.turns:

@@ -221,3 +221,24 @@ def test_acknowledging_an_open_task_keeps_its_history() -> None:
     closed = DriftDetector(DriftConfig(), PROTOTYPES)
     start_hotel_topic(closed)
     assert closed.observe("s", CAR, text, assistant_text="Your room is booked. Anything else?").drift
+
+
+def test_resume_rebuilds_the_topic_from_stored_turns() -> None:
+    vectors = {"Find me a hotel room in Paris": HOTEL, "Yes.": CAR, "A hotel with a pool near the centre": HOTEL_2}
+    embedded: list[list[str]] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        embedded.append(texts)
+        return np.stack([vectors[t] for t in texts])
+
+    detector = DriftDetector(DriftConfig(topic_window=1), PROTOTYPES)
+    assert not detector.knows("s")
+    detector.resume("s", list(vectors), embed, domain_hint="Hotels")
+    assert detector.knows("s")
+    assert embedded == [["A hotel with a pool near the centre"]]  # informative turns, last window only
+    result = detector.observe("s", CAR, "I also need a rental car there", assistant_text="Your room is booked.")
+    assert result.drift and "domain:Hotels->RentalCars" in result.reasons
+
+    fresh = DriftDetector(DriftConfig(), PROTOTYPES)
+    fresh.resume("s", [], embed)  # a session with no stored turns starts its topic with the next one
+    assert fresh.observe("s", CAR, "I need a rental car in Fresno").reasons == ["first_turn"]

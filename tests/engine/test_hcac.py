@@ -132,3 +132,13 @@ def test_drift_is_judged_against_the_assistant_turn_and_the_finished_flow(bank, 
     assert seen[1]["assistant_text"] == asked.text and not seen[1]["task_closed"]
     assert seen[1]["assistant_embedding"] is not None
     assert seen[2]["assistant_text"] == done.text and seen[2]["task_closed"]
+
+
+def test_a_new_process_judges_drift_against_the_stored_topic(bank) -> None:  # type: ignore[no-untyped-def]
+    first = bank(drift=True)
+    first.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
+    first.close()
+    restarted = bank(drift=True)
+    switched = restarted.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6)
+    assert switched.stats.drift  # not taken for the conversation's first turn
+    assert restarted.conversations.open("s", create=False).context_start == 2
