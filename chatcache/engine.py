@@ -2,18 +2,17 @@
 
 One turn, top to bottom (`_run_turn`): check the message and record it in the session tier;
 let the dialogue layer and drift detection steer the tiers (`hcac.py`); lay out the prompt
-(system prompt with confirmed facts, the turns that fit, the new message); take the session's
-KV from the token tier, prefill only what it lacks, stream the reply; record the reply and
-hand the KV back. A failed turn keeps the user's message in the record and changes nothing
+(system prompt with confirmed facts, the turns that fit, the new message); serve it from the
+answer cache if it may (`answering.py`), else run the model on the session's KV from the token
+tier, prefilling only what it lacks (`model_runner.py`); record the reply. A failed turn keeps the user's message in the record and changes nothing
 else; a cancelled one keeps what was said.
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from pathlib import Path
 
 from dialog import BotDefinition, load_bot
@@ -23,17 +22,16 @@ from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .conversations import Conversation, Conversations
 from .drift import DriftConfig, DriftDetector
 from .errors import InvalidMessageError
-from .generation import generate_tokens, prefill
-from .answer_cache import AnswerCache, AnswerCacheConfig, CacheHit, Scope, bot_fingerprint
-from .answer_cache.keys import follow_up_context, intent_context, normalize
+from .generation import prefill
+from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
+from .answering import CachedAnswers
 from .hcac import ContextCoordinator, Embed, TurnContext, intent_prototypes, sentence_embed
-from .kv import crop_to, kv_bytes_per_token, new_cache
+from .kv import kv_bytes_per_token
+from .model_runner import ModelRunner
 from .models import ChatModel, load_chat_model, load_embedder
-from .prefetch import Prefetcher, TransitionModel
 from .prompt import Message, PromptRenderer, RenderedSegments
 from .reply import Reply, ReplyStream, TurnStats
-from .text_stream import TextStream
-from .token_tier import TokenTier, TokenTierStats, common_prefix_length
+from .token_tier import TokenTier, TokenTierStats
 from .turn_tier import TurnTier, TurnTierConfig
 
 
@@ -103,6 +101,7 @@ class ChatEngine:
             else None
         )
         self.coordinator = self._build_coordinator(drift, promote_threshold)
+        self.runner = ModelRunner(self.chat_model, self.token_tier, self._system_ids)
         self.answer_cache = (
             AnswerCache(
                 answer_cache if isinstance(answer_cache, AnswerCacheConfig) else AnswerCacheConfig(),
@@ -112,16 +111,24 @@ class ChatEngine:
             if answer_cache
             else None
         )
-        self._audit_rng = random.Random(0)
+        self.answers = (
+            CachedAnswers(
+                self.answer_cache,
+                Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), tenant),
+                self.runner,
+                self.conversations,
+                self.renderer,
+                self.context_window,
+            )
+            if self.answer_cache is not None
+            else None
+        )
         self._busy = 0
         self._busy_lock = threading.Lock()
-        self.prefetcher = self._build_prefetcher() if prefetch and self.answer_cache is not None else None
+        self.prefetcher = self.answers.prefetcher(store, lambda: self._busy > 0) if prefetch and self.answers else None
 
     def _build_token_tier(self, config: TokenTierConfig) -> TokenTier:
         hf_model = self.chat_model.model
-        eos = self.chat_model.tokenizer.eos_token_id
-        generation_eos = hf_model.generation_config.eos_token_id
-        self._eos_ids = {i for e in (eos, generation_eos) for i in (e if isinstance(e, list) else [e]) if i is not None}
         return TokenTier(
             config,
             model_config=hf_model.config,
@@ -142,18 +149,6 @@ class ChatEngine:
             prototypes = intent_prototypes(self.bot, embed) if self.bot else None
             detector = DriftDetector(drift if isinstance(drift, DriftConfig) else None, prototypes)
         return ContextCoordinator(self.conversations, self.turn_tier, embed, self.bot, detector, promote_threshold)
-
-    def _build_prefetcher(self) -> Prefetcher:
-        model = TransitionModel()
-        for session in self.store.list_sessions(limit=1000):
-            records = self.store.messages(session.id)
-            turns = []
-            for index, record in enumerate(records):
-                if record.role == "user":
-                    reply = records[index + 1] if index + 1 < len(records) else None
-                    turns.append((record.content, ((reply.meta or {}) if reply else {}).get("intent")))
-            model.learn(turns)
-        return Prefetcher(model, self._prefetch_answer, lambda: self._busy > 0)
 
     # -- public API -------------------------------------------------------------------
 
@@ -278,8 +273,8 @@ class ChatEngine:
                 self.coordinator.before_reply(conversation, text, turn_id) if self.coordinator else TurnContext()
             )
             stats = TurnStats(drift=context.drift)
-            scope, intent_scoped = self._answer_scope(conversation, context)
-            hit = self._lookup_answer(text, scope, intent_scoped, context, params)
+            answer_scope = self.answers.scope(conversation, context) if self.answers else None
+            hit = self.answers.lookup(text, *answer_scope, context, params) if self.answers and answer_scope else None
             if context.bot_reply is not None:
                 # The flow needs a slot or a confirmation: the bot's own question is the answer.
                 stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - started
@@ -290,18 +285,22 @@ class ChatEngine:
                 stats.ttft_s = time.perf_counter() - started
                 yield hit.answer
                 reply = Message("assistant", hit.answer)
-                self._maybe_audit(conversation, user, hit, params)
+                assert self.answers is not None
+                self.answers.maybe_audit(
+                    hit, params, lambda: self._layout_prompt(conversation, user, params.max_new_tokens)[0]
+                )
             else:
                 prompt, stats.dropped_turns = self._layout_prompt(conversation, user, params.max_new_tokens)
                 generated: list[Message] = []
                 try:
-                    yield from self._generate(session_id, prompt, params, stats, started, generated)
+                    yield from self.runner.stream(session_id, prompt, params, stats, started, generated)
                 except GeneratorExit:
                     pass  # cancelled: `_generate` already kept what was generated
                 if not generated:
                     return
                 reply = generated[0]
-                self._store_answer(text, reply, scope, intent_scoped, context, stats, params, started)
+                if self.answers is not None and answer_scope is not None:
+                    self.answers.store(text, reply, *answer_scope, context, stats, params, started)
             meta = {
                 "tier": stats.tier,
                 "finish_reason": stats.finish_reason,
@@ -335,172 +334,6 @@ class ChatEngine:
                     dialogue_state=context.dialogue_state,
                 )
             )
-
-    def _answer_scope(self, conversation: Conversation, context: TurnContext) -> tuple[Scope, bool]:
-        """Where this turn's answer is valid: bot-wide when context-free, else the intent or recent turns."""
-        facts = {f"{f.kind.value}:{f.name}": f.value for f in conversation.facts}
-        window = conversation.turns[conversation.context_start:]
-        base = Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), self.tenant)
-        if context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE"):
-            slots = dict(conversation.state.get("dialogue", {}).get("slots", {}))
-            return Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots)), True
-        if not window and not facts:
-            return base, False
-        recent = [(m.role, m.content) for m in window[-2:]]
-        return Scope(base.model, base.bot, base.tenant, follow_up_context(recent, facts)), False
-
-    def _lookup_answer(
-        self, text: str, scope: Scope, intent_scoped: bool, context: TurnContext, params: GenerationConfig
-    ) -> CacheHit | None:
-        # A sampled reply is meant to vary: neither served from nor stored in the cache.
-        if self.answer_cache is None or params.temperature > 0 or context.bot_reply is not None:
-            return None
-        return self.answer_cache.lookup(text, scope, embedding=context.embedding, intent_scoped=intent_scoped)
-
-    def _store_answer(
-        self,
-        text: str,
-        reply: Message,
-        scope: Scope,
-        intent_scoped: bool,
-        context: TurnContext,
-        stats: TurnStats,
-        params: GenerationConfig,
-        started: float,
-    ) -> None:
-        """Keep a finished greedy answer; the cache itself refuses uncertain (high-entropy) ones."""
-        if self.answer_cache is None or params.temperature > 0 or stats.finish_reason != "eos":
-            return
-        self.answer_cache.store(
-            text,
-            reply.content,
-            scope,
-            entropy_bits=stats.mean_entropy_bits,
-            latency_ms=(time.perf_counter() - started) * 1000,
-            embedding=context.embedding,
-            intent=context.intent if intent_scoped else None,
-        )
-
-    def _prefetch_answer(self, session_id: str, question: str, should_stop: Callable[[], bool]) -> bool:
-        """Answer `question` as the session's next turn would, into the answer cache; False if skipped."""
-        assert self.answer_cache is not None
-        conversation = self.conversations.open(session_id, create=False)
-        if not conversation.lock.acquire(blocking=False):
-            return False  # the session is in a turn: its own answer comes first
-        try:
-            scope, _ = self._answer_scope(conversation, TurnContext())
-            if self.answer_cache.contains(question, scope):
-                return False
-            memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
-            prompt = self.renderer.conversation_ids([*conversation.window(), Message("user", question)], memo)
-        finally:
-            conversation.lock.release()
-        if len(prompt) + 256 > self.context_window:
-            return False
-        snapshot = self.token_tier.snapshot(session_id)
-        cache, reused = new_cache(self.chat_model.model.config), 0
-        if snapshot is not None:
-            ids, cache = snapshot
-            reused = min(common_prefix_length(ids, prompt), len(prompt) - 1)
-            crop_to(cache, reused)
-        started = time.perf_counter()
-        params = GenerationConfig()
-        text_stream = TextStream(self.chat_model.tokenizer, ())
-        entropies, last = [], None
-        for token in generate_tokens(self.chat_model.model, cache, prompt[reused:], params, self._eos_ids):
-            if should_stop():
-                return False
-            text_stream.add(token.token_id)
-            entropies.append(token.entropy_bits)
-            last = token.token_id
-        if last not in self._eos_ids:
-            return False
-        return self.answer_cache.store(
-            question,
-            text_stream.text,
-            scope,
-            entropy_bits=sum(entropies) / len(entropies),
-            latency_ms=(time.perf_counter() - started) * 1000,
-            prefetched=True,
-        )
-
-    def _maybe_audit(self, conversation: Conversation, user: Message, hit: CacheHit, params: GenerationConfig) -> None:
-        """For a sample of hits, run the model anyway (on a throwaway cache) and record agreement."""
-        assert self.answer_cache is not None
-        if self._audit_rng.random() >= self.answer_cache.config.audit_rate:
-            return
-        prompt, _ = self._layout_prompt(conversation, user, params.max_new_tokens)
-        cache = new_cache(self.chat_model.model.config)
-        text_stream = TextStream(self.chat_model.tokenizer, params.stop)
-        for token in generate_tokens(self.chat_model.model, cache, prompt, params, self._eos_ids):
-            text_stream.add(token.token_id)
-            if text_stream.stopped:
-                break
-        self.answer_cache.record_audit(normalize(text_stream.text) == normalize(hit.answer))
-
-    def _generate(
-        self,
-        session_id: str,
-        prompt: list[int],
-        params: GenerationConfig,
-        stats: TurnStats,
-        started: float,
-        out: list[Message],
-        prefix: list[int] | None = None,
-    ) -> Generator[str, None, None]:
-        """Stream the model's reply on the session's cached KV and append it to `out`.
-
-        `session_id` is the token-tier key (the LangChain path passes a conversation key) and
-        `prefix` the shared system-prompt ids to start from (default: the engine's). The reply
-        is handed over through `out`, not returned: when the reader cancels, Python closes this
-        generator and a return value would be lost.
-        """
-        prefix = self._system_ids if prefix is None else prefix
-        checkout = self.token_tier.checkout(session_id, prompt, prefix, len(prompt) + params.max_new_tokens)
-        stats.prompt_tokens, stats.reused_tokens, stats.tier = len(prompt), checkout.reused, checkout.tier
-        stats.prefilled_tokens = len(prompt) - checkout.reused
-        generated: list[int] = []
-        entropies: list[float] = []
-        text_stream = TextStream(self.chat_model.tokenizer, params.stop)
-        stats.finish_reason = "cancelled"
-        try:
-            tokens = generate_tokens(self.chat_model.model, checkout.cache, prompt[checkout.reused:], params, self._eos_ids)
-            for token in tokens:
-                if not generated:
-                    stats.ttft_s = time.perf_counter() - started
-                generated.append(token.token_id)
-                entropies.append(token.entropy_bits)
-                piece = text_stream.add(token.token_id)
-                if piece:
-                    yield piece
-                if text_stream.stopped:
-                    break
-            stats.finish_reason = self._finish_reason(generated, text_stream)
-            tail = text_stream.flush()
-            if tail:
-                yield tail
-        except GeneratorExit:
-            pass  # the reader stopped reading: keep what was generated
-        except BaseException:
-            self.token_tier.release(session_id)  # the session's KV is recomputed next turn
-            raise
-        if not generated:
-            self.token_tier.release(session_id)
-            return
-        decode_s = time.perf_counter() - started - stats.ttft_s
-        stats.generated_tokens = len(generated)
-        stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
-        stats.mean_entropy_bits = sum(entropies) / len(entropies)
-        # The KV covers the prompt and every reply token but the last, which was never fed.
-        self.token_tier.checkin(session_id, prompt + generated[:-1], checkout.cache, latency_ms=stats.ttft_s * 1000)
-        out.append(Message("assistant", text_stream.text, tuple(generated)))
-
-    def _finish_reason(self, generated: list[int], text_stream: TextStream) -> str:
-        if text_stream.stopped:
-            return "stop"
-        if generated and generated[-1] in self._eos_ids:
-            return "eos"
-        return "length"
 
     def _check_fits(self, conversation: Conversation, user: Message, max_new_tokens: int) -> None:
         """Refuse a message that cannot fit the context window even with no history."""

@@ -197,7 +197,7 @@ def _run(
     system = engine.renderer.system_ids(conversation[0].content) if conversation[0].role == "system" else []
     out: list[Message] = []
     with key_locks.get(key):
-        yield from engine._generate(key, prompt, params, stats, started, out, prefix=system)
+        yield from engine.runner.stream(key, prompt, params, stats, started, out, prefix=system)
     if not out:
         return
     reply = out[0]

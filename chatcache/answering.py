@@ -1,0 +1,161 @@
+"""The engine's side of the answer cache: where an answer is valid, serving, storing, audits, prefetch.
+
+The answer cache itself (`answer_cache/`) knows nothing about conversations or models. This
+module decides, per turn, which context an answer belongs to (the scope), which replies may
+be stored (finished greedy ones), samples served answers for an audit against the model, and
+answers the likely next question in the background (ACPC) on a copy of the session's KV.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from storage import SessionStore
+
+from .answer_cache import AnswerCache, CacheHit, Scope
+from .answer_cache.keys import follow_up_context, intent_context, normalize
+from .config import GenerationConfig
+from .conversations import Conversation, Conversations
+from .hcac import TurnContext
+from .kv import crop_to, new_cache
+from .model_runner import ModelRunner
+from .prefetch import Prefetcher, TransitionModel
+from .prompt import Message, PromptRenderer, RenderedSegments
+from .reply import TurnStats
+from .token_tier import common_prefix_length
+
+PREFETCH_REPLY_ROOM = 256
+"""Tokens a prefetched answer may take; a question whose prompt leaves less is not prefetched."""
+
+
+class CachedAnswers:
+    """Serves and fills the answer cache for one engine.
+
+    Args:
+        cache: the answer cache.
+        base: the scope every answer of this engine shares (model, bot, tenant).
+        runner: runs the model for audits and prefetching.
+        conversations: the sessions, for prefetching on their current window.
+        renderer: turns messages into prompt ids.
+        context_window: prompt plus reply limit in tokens.
+    """
+
+    def __init__(
+        self,
+        cache: AnswerCache,
+        base: Scope,
+        runner: ModelRunner,
+        conversations: Conversations,
+        renderer: PromptRenderer,
+        context_window: int,
+    ) -> None:
+        self.cache = cache
+        self.base = base
+        self.runner = runner
+        self.conversations = conversations
+        self.renderer = renderer
+        self.context_window = context_window
+        self._audit_rng = random.Random(0)
+
+    def scope(self, conversation: Conversation, context: TurnContext) -> tuple[Scope, bool]:
+        """Where this turn's answer is valid: bot-wide when context-free, else the intent or recent turns."""
+        base = self.base
+        facts = {f"{f.kind.value}:{f.name}": f.value for f in conversation.facts}
+        window = conversation.turns[conversation.context_start :]
+        flow_answer = context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE")
+        if flow_answer and context.intent is not None:
+            slots = dict(conversation.state.get("dialogue", {}).get("slots", {}))
+            return Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots)), True
+        if not window and not facts:
+            return base, False
+        recent = [(m.role, m.content) for m in window[-2:]]
+        return Scope(base.model, base.bot, base.tenant, follow_up_context(recent, facts)), False
+
+    def lookup(
+        self, text: str, scope: Scope, intent_scoped: bool, context: TurnContext, params: GenerationConfig
+    ) -> CacheHit | None:
+        """The stored answer for `text` in `scope`, if one may be served for this turn."""
+        # A sampled reply is meant to vary: neither served from nor stored in the cache.
+        if params.temperature > 0 or context.bot_reply is not None:
+            return None
+        return self.cache.lookup(text, scope, embedding=context.embedding, intent_scoped=intent_scoped)
+
+    def store(
+        self,
+        text: str,
+        reply: Message,
+        scope: Scope,
+        intent_scoped: bool,
+        context: TurnContext,
+        stats: TurnStats,
+        params: GenerationConfig,
+        started: float,
+    ) -> None:
+        """Keep a finished greedy answer; the cache itself refuses uncertain (high-entropy) ones."""
+        if params.temperature > 0 or stats.finish_reason != "eos":
+            return
+        self.cache.store(
+            text,
+            reply.content,
+            scope,
+            entropy_bits=stats.mean_entropy_bits,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            embedding=context.embedding,
+            intent=context.intent if intent_scoped else None,
+        )
+
+    def maybe_audit(self, hit: CacheHit, params: GenerationConfig, prompt: Callable[[], list[int]]) -> None:
+        """For a sample of hits, run the model anyway (on a throwaway cache) and record agreement."""
+        if self._audit_rng.random() >= self.cache.config.audit_rate:
+            return
+        completion = self.runner.complete(prompt(), new_cache(self.runner.chat_model.model.config), params)
+        assert completion is not None  # nothing stops an audit
+        self.cache.record_audit(normalize(completion.text) == normalize(hit.answer))
+
+    def prefetcher(self, store: SessionStore, busy: Callable[[], bool]) -> Prefetcher:
+        """A background prefetcher whose next-question model is learned from the stored conversations."""
+        model = TransitionModel()
+        for session in store.list_sessions(limit=1000):
+            records = store.messages(session.id)
+            turns = []
+            for index, record in enumerate(records):
+                if record.role == "user":
+                    reply = records[index + 1] if index + 1 < len(records) else None
+                    turns.append((record.content, ((reply.meta or {}) if reply else {}).get("intent")))
+            model.learn(turns)
+        return Prefetcher(model, self.prefetch, busy)
+
+    def prefetch(self, session_id: str, question: str, should_stop: Callable[[], bool]) -> bool:
+        """Answer `question` as the session's next turn would, into the answer cache; False if skipped."""
+        conversation = self.conversations.open(session_id, create=False)
+        if not conversation.lock.acquire(blocking=False):
+            return False  # the session is in a turn: its own answer comes first
+        try:
+            scope, _ = self.scope(conversation, TurnContext())
+            if self.cache.contains(question, scope):
+                return False
+            memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
+            prompt = self.renderer.conversation_ids([*conversation.window(), Message("user", question)], memo)
+        finally:
+            conversation.lock.release()
+        if len(prompt) + PREFETCH_REPLY_ROOM > self.context_window:
+            return False
+        snapshot = self.runner.token_tier.snapshot(session_id)
+        cache = new_cache(self.runner.chat_model.model.config)
+        if snapshot is not None:
+            ids, cache = snapshot
+            crop_to(cache, min(common_prefix_length(ids, prompt), len(prompt) - 1))
+        started = time.perf_counter()
+        completion = self.runner.complete(prompt, cache, GenerationConfig(), should_stop)
+        if completion is None or not completion.ended:
+            return False
+        return self.cache.store(
+            question,
+            completion.text,
+            scope,
+            entropy_bits=completion.mean_entropy_bits,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            prefetched=True,
+        )

@@ -1,0 +1,141 @@
+"""Run the chat model on a prompt: streamed on a session's cached KV, or once on a throwaway cache.
+
+`stream` is a turn's only path to the model. It checks the session's KV out of the token
+tier (cropped to what the prompt shares with it), prefills only the rest, streams the reply,
+and checks the KV back in covering everything the model has seen. `complete` answers a prompt
+off the record, for answer-cache audits and prefetching.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+from transformers import DynamicCache
+
+from .config import GenerationConfig
+from .generation import generate_tokens
+from .models import ChatModel
+from .prompt import Message
+from .reply import TurnStats
+from .text_stream import TextStream
+from .token_tier import TokenTier
+
+
+def eos_token_ids(chat_model: ChatModel) -> set[int]:
+    """Every id that ends a reply: the tokenizer's and the generation config's (chat models differ)."""
+    eos = chat_model.tokenizer.eos_token_id
+    generation_eos = chat_model.model.generation_config.eos_token_id
+    return {i for e in (eos, generation_eos) for i in (e if isinstance(e, list) else [e]) if i is not None}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """An off-the-record answer: its text, mean token entropy, and whether the model ended it."""
+
+    text: str
+    mean_entropy_bits: float
+    ended: bool
+
+
+class ModelRunner:
+    """Generates replies for the engine on the token tier's KV.
+
+    Args:
+        chat_model: the model and tokenizer.
+        token_tier: where each session's KV is kept between turns.
+        system_ids: the shared system-prompt ids a new session's KV starts from.
+    """
+
+    def __init__(self, chat_model: ChatModel, token_tier: TokenTier, system_ids: list[int]) -> None:
+        self.chat_model = chat_model
+        self.token_tier = token_tier
+        self.system_ids = system_ids
+        self.eos_ids = eos_token_ids(chat_model)
+
+    def stream(
+        self,
+        key: str,
+        prompt: list[int],
+        params: GenerationConfig,
+        stats: TurnStats,
+        started: float,
+        out: list[Message],
+        prefix: list[int] | None = None,
+    ) -> Generator[str, None, None]:
+        """Stream the model's reply on the KV kept under `key` and append it to `out`.
+
+        `key` is the token-tier key (a session id, or the LangChain path's conversation key)
+        and `prefix` the shared system-prompt ids to start from (default: the engine's). The
+        reply is handed over through `out`, not returned: when the reader cancels, Python
+        closes this generator and a return value would be lost.
+        """
+        prefix = self.system_ids if prefix is None else prefix
+        checkout = self.token_tier.checkout(key, prompt, prefix, len(prompt) + params.max_new_tokens)
+        stats.prompt_tokens, stats.reused_tokens, stats.tier = len(prompt), checkout.reused, checkout.tier
+        stats.prefilled_tokens = len(prompt) - checkout.reused
+        generated: list[int] = []
+        entropies: list[float] = []
+        text_stream = TextStream(self.chat_model.tokenizer, params.stop)
+        stats.finish_reason = "cancelled"
+        try:
+            tokens = generate_tokens(self.chat_model.model, checkout.cache, prompt[checkout.reused :], params, self.eos_ids)
+            for token in tokens:
+                if not generated:
+                    stats.ttft_s = time.perf_counter() - started
+                generated.append(token.token_id)
+                entropies.append(token.entropy_bits)
+                piece = text_stream.add(token.token_id)
+                if piece:
+                    yield piece
+                if text_stream.stopped:
+                    break
+            stats.finish_reason = self._finish_reason(generated, text_stream)
+            tail = text_stream.flush()
+            if tail:
+                yield tail
+        except GeneratorExit:
+            pass  # the reader stopped reading: keep what was generated
+        except BaseException:
+            self.token_tier.release(key)  # the session's KV is recomputed next turn
+            raise
+        if not generated:
+            self.token_tier.release(key)
+            return
+        decode_s = time.perf_counter() - started - stats.ttft_s
+        stats.generated_tokens = len(generated)
+        stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
+        stats.mean_entropy_bits = sum(entropies) / len(entropies)
+        # The KV covers the prompt and every reply token but the last, which was never fed.
+        self.token_tier.checkin(key, prompt + generated[:-1], checkout.cache, latency_ms=stats.ttft_s * 1000)
+        out.append(Message("assistant", text_stream.text, tuple(generated)))
+
+    def complete(
+        self,
+        prompt: list[int],
+        cache: DynamicCache,
+        params: GenerationConfig,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> Completion | None:
+        """Answer `prompt` on `cache`, which already holds the prompt's first tokens; None if stopped."""
+        reused = cache.get_seq_length()
+        text_stream = TextStream(self.chat_model.tokenizer, params.stop)
+        entropies, last = [], None
+        for token in generate_tokens(self.chat_model.model, cache, prompt[reused:], params, self.eos_ids):
+            if should_stop():
+                return None
+            text_stream.add(token.token_id)
+            entropies.append(token.entropy_bits)
+            last = token.token_id
+            if text_stream.stopped:
+                break
+        mean_entropy = sum(entropies) / len(entropies) if entropies else 0.0
+        return Completion(text_stream.text, mean_entropy, last in self.eos_ids)
+
+    def _finish_reason(self, generated: list[int], text_stream: TextStream) -> str:
+        if text_stream.stopped:
+            return "stop"
+        if generated and generated[-1] in self.eos_ids:
+            return "eos"
+        return "length"
