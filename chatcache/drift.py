@@ -61,7 +61,7 @@ _ASKS_FOR_MORE = re.compile(
 _REPORTS_DONE = re.compile(
     r"\b(booked|reserved|confirmed|success(ful(ly)?)?|completed?|done|made|created|initiated|ordered|started"
     r"|coming|placed|scheduled|purchased|bought|transferred|requested|rented|on (its|the|their) way|all set"
-    r"|is set|been \w+ed|been sent|enjoy|(you'?re|you are) (very )?welcome)\b",
+    r"|is set|been set|been \w+ed|(been|was|were) sent|enjoy|(you'?re|you are) (very )?welcome)\b",
     re.IGNORECASE,
 )
 # "Please confirm: a table for 2 is booked at 7 pm?" is a question about an open task.

@@ -129,6 +129,7 @@ def test_the_caller_can_say_the_task_is_closed() -> None:
         "Can I help you with something else?",
         "Do you need any further assistance?",
         "Your table is booked.",
+        "Your alarm has been set.",
         "The transfer was successful and will complete in 3 days.",
         "You're welcome.",
     ],
