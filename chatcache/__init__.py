@@ -1,6 +1,8 @@
 """chatcache: conversational chatbots on local Hugging Face models, with a hierarchical cache."""
 
+from .answer_cache import AnswerCacheConfig
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
+from .drift import DriftConfig, StageThresholds
 from .engine import ChatEngine
 from .errors import (
     ChatCacheError,
@@ -17,10 +19,12 @@ from .reply import Reply, ReplyStream, TurnStats
 from .token_tier import TokenTierStats
 
 __all__ = [
+    "AnswerCacheConfig",
     "ChatCacheError",
     "ChatEngine",
     "ChatModel",
     "ConfigError",
+    "DriftConfig",
     "GenerationConfig",
     "InvalidMessageError",
     "Message",
@@ -28,6 +32,7 @@ __all__ = [
     "Reply",
     "ReplyStream",
     "SessionClosedError",
+    "StageThresholds",
     "StorageError",
     "TokenTierConfig",
     "TokenTierStats",
