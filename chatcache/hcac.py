@@ -125,33 +125,45 @@ class ContextCoordinator:
         assistant_text = previous.content if previous is not None and previous.role == "assistant" else None
         # One batch: the assistant's last turn is context the new user turn is judged against.
         vectors = self.embed([text] if assistant_text is None or self.drift is None else [text, assistant_text])
-        embedding = vectors[0]
-        context = TurnContext(embedding=embedding)
+        context = TurnContext(embedding=vectors[0])
         before = dict(conversation.state.get(DIALOGUE) or {})  # the dialogue as the last turn left it
         if self.manager is not None:
             self._step_dialogue(conversation, text, turn_id, context)
         if self.drift is not None:
-            if not self.drift.knows(conversation.id):  # a new process: the topic is in the stored turns
-                stored = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
-                last_intent = before.get("intent") if before.get("intent") != OUT_OF_SCOPE else None
-                self.drift.resume(conversation.id, stored, self.embed, last_intent)
-            hint = context.intent if context.intent not in (None, OUT_OF_SCOPE) else None
-            result = self.drift.observe(
-                conversation.id,
-                embedding,
-                text,
-                assistant_embedding=vectors[1] if len(vectors) > 1 else None,
-                assistant_text=assistant_text,
-                task_closed=before.get("state") == State.DONE.value,
-                domain_hint=hint,
-            )
-            if result.drift and conversation.turns:
-                context.drift, context.drift_reasons = True, tuple(result.reasons)
-                self.turn_tier.invalidate(conversation.id)
-                self.conversations.move_context_start(conversation, len(conversation.turns))
-                conversation.segments.ids.clear()
-        self.turn_tier.put(conversation.id, "embedding", embedding)
+            assistant = (assistant_text, vectors[1]) if assistant_text is not None else None
+            self._judge_drift(self.drift, conversation, text, vectors[0], assistant, before, context)
+        self.turn_tier.put(conversation.id, "embedding", vectors[0])
         return context
+
+    def _judge_drift(
+        self,
+        detector: DriftDetector,
+        conversation: Conversation,
+        text: str,
+        embedding: np.ndarray,
+        assistant: tuple[str, np.ndarray] | None,
+        before: dict[str, Any],
+        context: TurnContext,
+    ) -> None:
+        """Ask the detector about this turn; on a drift, drop the old topic from the turn tier and the prompt."""
+        if not detector.knows(conversation.id):  # a new process: the topic is in the stored turns
+            stored = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
+            last_intent = before.get("intent") if before.get("intent") != OUT_OF_SCOPE else None
+            detector.resume(conversation.id, stored, self.embed, last_intent)
+        result = detector.observe(
+            conversation.id,
+            embedding,
+            text,
+            assistant_embedding=assistant[1] if assistant else None,
+            assistant_text=assistant[0] if assistant else None,
+            task_closed=before.get("state") == State.DONE.value,
+            domain_hint=context.intent if context.intent not in (None, OUT_OF_SCOPE) else None,
+        )
+        if result.drift and conversation.turns:
+            context.drift, context.drift_reasons = True, tuple(result.reasons)
+            self.turn_tier.invalidate(conversation.id)
+            self.conversations.move_context_start(conversation, len(conversation.turns))
+            conversation.segments.ids.clear()
 
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
         assert self.manager is not None
