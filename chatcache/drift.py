@@ -21,8 +21,9 @@ detector is built for precision. It combines signals that each fail alone:
 `SeedRule` keeps the original rule (cosine jumps on consecutive turns, or a drop against
 the sliding-window mean) as the baseline the combined detector is measured against.
 
-The detector does not load models: callers pass unit-norm embeddings and, optionally,
-domain prototypes as a dict of name -> unit vector. The word lists below are English.
+The detector does not load models: callers pass unit-norm embeddings (or, to resume a
+session in a new process, an embedding function) and, optionally, domain prototypes as a
+dict of name -> unit vector. The word lists below are English.
 """
 
 from __future__ import annotations
