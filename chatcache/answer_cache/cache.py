@@ -76,6 +76,7 @@ class _Entry:
     vector: np.ndarray
     nbytes: int
     heat: Heat
+    answer_key: str  # the normalised answer: what the vote groups neighbours by
 
 
 def _unit_vector(blob: bytes, dim: int) -> np.ndarray | None:
@@ -116,7 +117,7 @@ class AnswerCache:
         self._policy = policy or LfuPlus()
         self._lock = threading.RLock()
         self._entries: dict[int, _Entry] = {}
-        self._exact: dict[str, dict[str, int]] = defaultdict(dict)
+        self._exact: dict[str, dict[str, int]] = {}
         self._indexes: dict[str, VectorIndex] = {}
         self._bytes = 0
         self._next_local_id = 1
@@ -142,8 +143,8 @@ class AnswerCache:
         key = scope.key()
         with self._lock:
             self.stats.lookups += 1
-            entry_id = self._exact[key].get(normalized)
-            if entry_id is not None and self._alive(entry_id):
+            entry_id = self._live_exact(key, normalized)
+            if entry_id is not None:
                 return self._hit(entry_id, 1.0, exact=True, started=started)
             if key not in self._indexes:
                 self.stats.misses += 1
@@ -173,8 +174,12 @@ class AnswerCache:
     def contains(self, question: str, scope: Scope) -> bool:
         """Whether this exact (normalised) question already has a live entry in `scope`; not a lookup."""
         with self._lock:
-            entry_id = self._exact[scope.key()].get(normalize(question))
-            return entry_id is not None and self._alive(entry_id)
+            return self._live_exact(scope.key(), normalize(question)) is not None
+
+    def _live_exact(self, key: str, normalized: str) -> int | None:
+        """The live entry stored for exactly this normalised question in the scope, if any."""
+        entry_id = self._exact.get(key, {}).get(normalized)
+        return entry_id if entry_id is not None and self._alive(entry_id) else None
 
     def _vote(self, key: str, vector: np.ndarray, threshold: float) -> list[tuple[int, float]]:
         """Entries of the best answer above the threshold, closest first; none when the vote is unclear.
@@ -185,7 +190,7 @@ class AnswerCache:
         by_answer: dict[str, list[tuple[float, int]]] = defaultdict(list)
         for entry_id, similarity in self._indexes[key].search(vector, self.config.neighbors):
             if self._alive(entry_id):
-                by_answer[normalize(self._entries[entry_id].record.answer)].append((similarity, entry_id))
+                by_answer[self._entries[entry_id].answer_key].append((similarity, entry_id))
         if not by_answer:
             return []
         ranked = sorted((max(found), answer) for answer, found in by_answer.items())[::-1]
@@ -202,7 +207,7 @@ class AnswerCache:
         if entry is None:
             return False
         if entry.record.expires_at <= self._clock():
-            self._remove(entry_id)
+            self._remove([entry_id])
             self.stats.expirations += 1
             return False
         return True
@@ -250,11 +255,11 @@ class AnswerCache:
             return False
         key = scope.key()
         with self._lock:
-            existing = self._exact[key].get(normalized)
-            if existing is not None and self._alive(existing):
+            existing = self._live_exact(key, normalized)
+            if existing is not None:
                 if not overwrite:
                     return False
-                self._remove(existing)
+                self._remove([existing])
         vector = np.asarray(embedding if embedding is not None else self._embed([normalized])[0], dtype=np.float32)
         now = self._clock()
         record = AnswerRecord(
@@ -286,30 +291,50 @@ class AnswerCache:
 
     def _insert(self, record: AnswerRecord, vector: np.ndarray) -> None:
         nbytes = len(record.question.encode()) + len(record.answer.encode()) + vector.nbytes + _ENTRY_OVERHEAD
-        heat = Heat(frequency=1.0, updated_at=record.created_at.timestamp(), last_used=record.created_at.timestamp())
-        self._entries[record.id] = _Entry(record, vector, nbytes, heat)
-        self._exact[record.scope][record.normalized] = record.id
-        self._indexes.setdefault(record.scope, VectorIndex(vector.shape[0])).add(record.id, vector)
+        heat = Heat(frequency=1.0, last_used=record.created_at.timestamp())
+        self._entries[record.id] = _Entry(record, vector, nbytes, heat, normalize(record.answer))
+        self._exact.setdefault(record.scope, {})[record.normalized] = record.id
+        index = self._indexes.get(record.scope)
+        if index is None:
+            index = self._indexes[record.scope] = VectorIndex(vector.shape[0])
+        index.add(record.id, vector)
         self._bytes += nbytes
 
-    def _remove(self, entry_id: int) -> None:
-        entry = self._entries.pop(entry_id)
-        scope = entry.record.scope
-        if self._exact[scope].get(entry.record.normalized) == entry_id:
-            del self._exact[scope][entry.record.normalized]
-        self._indexes[scope].remove(entry_id)
-        self._bytes -= entry.nbytes
-        if self._entries_db is not None:
-            self._entries_db.delete([entry_id])
+    def _remove(self, entry_ids: list[int]) -> None:
+        """Drop entries from memory and, in one transaction, from the database."""
+        for entry_id in entry_ids:
+            entry = self._entries.pop(entry_id)
+            scope = entry.record.scope
+            exact = self._exact[scope]
+            if exact.get(entry.record.normalized) == entry_id:
+                del exact[entry.record.normalized]
+            index = self._indexes[scope]
+            index.remove(entry_id)
+            if not exact and not len(index):  # follow-up scopes are many and short-lived
+                del self._exact[scope], self._indexes[scope]
+            self._bytes -= entry.nbytes
+        if self._entries_db is not None and entry_ids:
+            self._entries_db.delete(entry_ids)
 
     def _evict_to_fit(self) -> None:
+        """Pick the coldest entries until the rest fits, then remove them in one go."""
+        def over(count: int, nbytes: int) -> bool:
+            return count > self.config.max_entries or nbytes > self.config.max_bytes
+
+        count, nbytes, victims = len(self._entries), self._bytes, []
+        if not over(count, nbytes):
+            return
         now = self._clock().timestamp()
-        while len(self._entries) > self.config.max_entries or self._bytes > self.config.max_bytes:
-            victim = self._policy.victim({str(i): e.heat for i, e in self._entries.items()}, now)
+        heats = {entry_id: entry.heat for entry_id, entry in self._entries.items()}
+        while over(count, nbytes):
+            victim = self._policy.victim(heats, now)
             if victim is None:
-                return
-            self._remove(int(victim))
-            self.stats.evictions += 1
+                break
+            del heats[victim]
+            victims.append(victim)
+            count, nbytes = count - 1, nbytes - self._entries[victim].nbytes
+        self._remove(victims)
+        self.stats.evictions += len(victims)
 
     # -- upkeep -------------------------------------------------------------------------
 
@@ -338,8 +363,7 @@ class AnswerCache:
         with self._lock:
             now = self._clock()
             expired = [i for i, e in self._entries.items() if e.record.expires_at <= now]
-            for entry_id in expired:
-                self._remove(entry_id)
+            self._remove(expired)
             self.stats.expirations += len(expired)
             return len(expired)
 

@@ -44,10 +44,6 @@ class Scope:
         raw = "\0".join((self.model, self.bot, self.tenant, self.context))
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
-    @property
-    def context_free(self) -> bool:
-        return not self.context
-
 
 def bot_fingerprint(system_prompt: str | None) -> str:
     return hashlib.sha256((system_prompt or "").encode()).hexdigest()[:16]

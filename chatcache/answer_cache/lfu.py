@@ -16,7 +16,11 @@ The answer cache and the token tier both choose their victims with this policy.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+Key = TypeVar("Key", int, str)
 
 FAST_MS, SLOW_MS = 5.0, 100.0
 FAST_DECAY, SLOW_DECAY = 0.98, 0.75
@@ -36,7 +40,6 @@ class Heat:
     """An item's decayed access frequency and when it was last used."""
 
     frequency: float = 1.0
-    updated_at: float = 0.0
     last_used: float = 0.0
     latency_ms: float = 0.0
 
@@ -56,13 +59,13 @@ class LfuPlus:
     recency_half_life_s: float = 300.0
 
     def decayed(self, heat: Heat, now: float) -> float:
-        periods = max(0.0, now - heat.updated_at) / self.period_s
+        periods = max(0.0, now - heat.last_used) / self.period_s
         return heat.frequency * decay_factor(heat.latency_ms) ** periods
 
     def touch(self, heat: Heat, now: float, latency_ms: float | None = None) -> None:
         """Record one use: decay what was there, then count this access."""
         heat.frequency = self.decayed(heat, now) + 1.0
-        heat.updated_at = heat.last_used = now
+        heat.last_used = now
         if latency_ms is not None:
             heat.latency_ms = latency_ms
 
@@ -70,6 +73,6 @@ class LfuPlus:
         recency = self.recency_weight * math.exp(-math.log(2) * max(0.0, now - heat.last_used) / self.recency_half_life_s)
         return self.decayed(heat, now) + recency
 
-    def victim(self, heats: dict[str, Heat], now: float, exclude: set[str] | frozenset[str] = frozenset()) -> str | None:
-        candidates = [(self.score(heat, now), key) for key, heat in heats.items() if key not in exclude]
+    def victim(self, heats: Mapping[Key, Heat], now: float) -> Key | None:
+        candidates = [(self.score(heat, now), key) for key, heat in heats.items()]
         return min(candidates)[1] if candidates else None

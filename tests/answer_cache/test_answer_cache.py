@@ -153,6 +153,34 @@ def test_capacity_by_count_and_bytes_evicts_the_coldest(toy_embed) -> None:  # t
     assert stats.bytes <= 6000 and stats.evictions >= 1
 
 
+def test_a_smaller_capacity_at_reload_evicts_the_surplus_from_memory_and_database(toy_embed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path}/answers.db"
+    with SessionStore(url) as store:
+        answers = AnswerCache(AnswerCacheConfig(), toy_embed, store.answers)
+        for word in ("one", "two", "three", "four"):
+            answers.store(f"question {word}", word, BOT, 1.0, 100)
+    with SessionStore(url) as store:
+        reloaded = AnswerCache(AnswerCacheConfig(max_entries=2), toy_embed, store.answers)
+        assert reloaded.snapshot().entries == 2 and reloaded.snapshot().evictions == 2
+        assert len(store.answers.all()) == 2
+
+
+def test_expired_entries_leave_with_their_scopes(toy_embed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clock = Clock()
+    with SessionStore(f"sqlite:///{tmp_path}/answers.db") as store:
+        answers = AnswerCache(AnswerCacheConfig(ttl_s=10), toy_embed, store.answers, clock=clock)
+        follow_up = Scope("model@1", "bot-a", context="after: opening hours")
+        answers.store("opening hours", "9 to 5", BOT, 1.0, 100)
+        answers.store("and on sunday", "closed", follow_up, 1.0, 100)
+        answers.store("and on monday", "9 to 5", follow_up, 1.0, 100)
+        clock.now += timedelta(seconds=11)
+        assert answers.purge_expired() == 3
+        assert store.answers.all() == []
+        # Follow-up scopes are one per conversation turn: an emptied one must not linger.
+        assert answers._indexes == {} and answers._exact == {}
+        assert answers.lookup("and on sunday", follow_up) is None
+
+
 def test_latency_aware_decay_is_continuous_between_the_design_endpoints() -> None:
     assert decay_factor(0) == decay_factor(5) == 0.98
     assert decay_factor(100) == decay_factor(1000) == 0.75
