@@ -92,7 +92,7 @@ class TokenTier:
         self._prefill = prefill
         self._device = device
         self._lock = threading.RLock()
-        self._sessions: OrderedDict[str, KVEntry] = OrderedDict()
+        self._sessions: dict[str, KVEntry] = {}  # LFU+ picks victims: insertion order means nothing
         self._prefixes: OrderedDict[str, KVEntry] = OrderedDict()
         self._in_use: dict[str, int] = {}
         self._heat: dict[str, Heat] = {}
@@ -150,7 +150,6 @@ class TokenTier:
                 return
             entry = KVEntry(ids=list(ids), cache=cache, nbytes=kv.kv_bytes(cache))
             self._sessions[session_id] = entry
-            self._sessions.move_to_end(session_id)
             self._policy.touch(self._heat.setdefault(session_id, Heat()), time.monotonic(), latency_ms)
             self._evict_to_fit(keep=None)
 
@@ -180,7 +179,7 @@ class TokenTier:
         if self._spill is None:
             return 0
         with self._lock:
-            idle = [sid for sid in self._sessions if sid not in self._in_use]
+            idle = list(self._sessions)  # a session in a turn is checked out, not in `_sessions`
             for session_id in idle:
                 self._evict(session_id)
         return len(idle)
@@ -209,7 +208,7 @@ class TokenTier:
     def _evict_to_fit(self, keep: str | None) -> None:
         """Evict idle sessions (coldest by LFU+ first) until everything fits the budget."""
         while self.resident_bytes() > self.config.memory_budget_bytes:
-            idle = {sid: self._heat.setdefault(sid, Heat()) for sid in self._sessions if sid != keep}
+            idle = {sid: self._heat[sid] for sid in self._sessions if sid != keep}
             victim = self._policy.victim(idle, time.monotonic())
             if victim is not None:
                 self._evict(victim)
