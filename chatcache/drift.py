@@ -272,8 +272,9 @@ class DriftDetector:
     ) -> None:
         """Rebuild a session's topic from its stored user turns (oldest first), e.g. in a new process.
 
-        Only the last `topic_window` informative turns are embedded: the ones `observe` would
-        have kept.
+        Only the last `topic_window` turns that are informative mid-task are embedded (right
+        after a closed task `observe` also keeps shorter ones; the stored turns do not say
+        where tasks closed, so the stricter reading is used).
         """
         window = self.config.topic_window
         informative = [t for t in user_texts if not is_low_information(t, self.config.open_task.min_content_words)]

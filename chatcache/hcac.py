@@ -100,6 +100,11 @@ def intent_prototypes(bot: BotDefinition, embed: Embed) -> dict[str, np.ndarray]
     return prototypes
 
 
+def _domain_hint(intent: str | None) -> str | None:
+    """An intent as drift evidence: out-of-scope says nothing about the topic."""
+    return intent if intent not in (None, OUT_OF_SCOPE) else None
+
+
 class ContextCoordinator:
     """Runs the dialogue layer and drift detection for a turn and applies their effects to the tiers."""
 
@@ -148,8 +153,7 @@ class ContextCoordinator:
         """Ask the detector about this turn; on a drift, drop the old topic from the turn tier and the prompt."""
         if not detector.knows(conversation.id):  # a new process: the topic is in the stored turns
             stored = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
-            last_intent = before.get("intent") if before.get("intent") != OUT_OF_SCOPE else None
-            detector.resume(conversation.id, stored, self.embed, last_intent)
+            detector.resume(conversation.id, stored, self.embed, _domain_hint(before.get("intent")))
         result = detector.observe(
             conversation.id,
             embedding,
@@ -157,7 +161,7 @@ class ContextCoordinator:
             assistant_embedding=assistant[1] if assistant else None,
             assistant_text=assistant[0] if assistant else None,
             task_closed=before.get("state") == State.DONE.value,
-            domain_hint=context.intent if context.intent not in (None, OUT_OF_SCOPE) else None,
+            domain_hint=_domain_hint(context.intent),
         )
         if result.drift and conversation.turns:
             context.drift, context.drift_reasons = True, tuple(result.reasons)
