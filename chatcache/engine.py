@@ -20,12 +20,12 @@ from storage import ChatSession, SessionStore
 
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .conversations import Conversation, Conversations
-from .drift import DriftConfig, DriftDetector
+from .drift import DriftConfig
 from .errors import InvalidMessageError
 from .generation import prefill
 from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
 from .answering import CachedAnswers
-from .hcac import ContextCoordinator, Embed, TurnContext, intent_prototypes, sentence_embed
+from .hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .kv import kv_bytes_per_token
 from .model_runner import ModelRunner
 from .models import ChatModel, load_chat_model, load_embedder
@@ -141,14 +141,9 @@ class ChatEngine:
     def _build_coordinator(self, drift: bool | DriftConfig, promote_threshold: float) -> ContextCoordinator | None:
         if not drift and self.bot is None:
             return None  # a plain chatbot: nothing to steer
-        embed = self._embed
-        assert embed is not None
-
-        detector = None
-        if drift:
-            prototypes = intent_prototypes(self.bot, embed) if self.bot else None
-            detector = DriftDetector(drift if isinstance(drift, DriftConfig) else None, prototypes)
-        return ContextCoordinator(self.conversations, self.turn_tier, embed, self.bot, detector, promote_threshold)
+        assert self._embed is not None
+        config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
+        return ContextCoordinator(self.conversations, self.turn_tier, self._embed, self.bot, config, promote_threshold)
 
     # -- public API -------------------------------------------------------------------
 

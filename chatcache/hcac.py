@@ -28,7 +28,7 @@ from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, 
 from dialog.state_machine import DialogueStateMachine
 
 from .conversations import Conversation, Conversations
-from .drift import DriftDetector
+from .drift import DriftConfig, DriftDetector
 from .turn_tier import TurnTier
 
 Embed = Callable[[list[str]], np.ndarray]
@@ -91,15 +91,6 @@ def _is_mean_pooled(model: Any) -> bool:
     return model[1].get_config_dict().get("pooling_mode") == "mean"
 
 
-def intent_prototypes(bot: BotDefinition, embed: Embed) -> dict[str, np.ndarray]:
-    """One unit vector per intent (the mean of its examples): the topics drift is judged against."""
-    prototypes = {}
-    for intent in bot.intents:
-        mean = embed(list(intent.examples)).mean(axis=0)
-        prototypes[intent.name] = mean / max(float(np.linalg.norm(mean)), 1e-12)
-    return prototypes
-
-
 def _domain_hint(intent: str | None) -> str | None:
     """An intent as drift evidence: out-of-scope says nothing about the topic."""
     return intent if intent not in (None, OUT_OF_SCOPE) else None
@@ -114,16 +105,18 @@ class ContextCoordinator:
         turn_tier: TurnTier,
         embed: Embed,
         bot: BotDefinition | None,
-        drift: DriftDetector | None,
+        drift: DriftConfig | None,
         promote_threshold: float = 0.95,
     ) -> None:
         self.conversations = conversations
         self.turn_tier = turn_tier
         self.embed = embed
-        self.drift = drift
         self.manager = (
             DialogueManager(bot, IntentClassifier(bot, embed), promote_threshold=promote_threshold) if bot else None
         )
+        # The bot's intents are the topics drift is judged against; their examples are embedded once.
+        prototypes = self.manager.classifier.prototypes() if self.manager is not None else None
+        self.drift = DriftDetector(drift, prototypes) if drift is not None else None
 
     def before_reply(self, conversation: Conversation, text: str, turn_id: str) -> TurnContext:
         previous = conversation.turns[-1] if conversation.turns else None

@@ -93,6 +93,11 @@ class IntentClassifier:
         if self._examples.shape[0] != len(texts):
             raise ValueError(f"embed returned {self._examples.shape[0]} rows for {len(texts)} texts")
 
+    def prototypes(self) -> dict[str, np.ndarray]:
+        """One unit vector per intent, the mean of its examples' embeddings (e.g. drift's topics)."""
+        means = {name: self._examples[rows].mean(axis=0) for name, rows in zip(self._names, self._rows)}
+        return {name: (m / max(float(np.linalg.norm(m)), 1e-12)).astype(np.float32) for name, m in means.items()}
+
     def classify(self, text: str, embedding: np.ndarray | None = None) -> IntentResult:
         """Classify one utterance.
 

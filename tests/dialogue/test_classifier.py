@@ -59,3 +59,11 @@ def test_a_given_embedding_is_used_instead_of_embedding_again(bot, embed) -> Non
     calls.clear()
     assert classifier.classify(text, embed([text])[0]) == expected
     assert calls == []
+
+
+def test_prototypes_are_the_unit_mean_of_each_intents_examples(bot, embed) -> None:  # type: ignore[no-untyped-def]
+    prototypes = IntentClassifier(bot, embed).prototypes()
+    assert set(prototypes) == {i.name for i in bot.intents}
+    for intent in bot.intents:
+        mean = np.asarray(embed(list(intent.examples)), dtype=np.float64).mean(axis=0)
+        np.testing.assert_allclose(prototypes[intent.name], mean / np.linalg.norm(mean), atol=1e-6)
