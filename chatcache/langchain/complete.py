@@ -26,11 +26,13 @@ import weakref
 import time
 from collections import OrderedDict
 from collections.abc import Generator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..answer_cache import Scope, bot_fingerprint, follow_up_context
 from ..config import GenerationConfig
 from ..errors import InvalidMessageError
+from ..hcac import TurnContext
 from ..prompt import Message, RenderedSegments
 from ..reply import Reply, ReplyStream, TurnStats
 
@@ -158,15 +160,12 @@ def _checked(engine: ChatEngine, messages: Sequence[Message]) -> list[Message]:
     return conversation
 
 
-def _scope(engine: ChatEngine, conversation: list[Message]) -> Scope:
-    """The engine's scope rules: the bot's system prompt, then the two messages before the question."""
+def _scope(base: Scope, conversation: list[Message]) -> Scope:
+    """The engine's scope rules: the conversation's system prompt, then the two messages before the question."""
     system = conversation[0].content if conversation[0].role == "system" else None
-    earlier = [m for m in conversation[:-1] if m.role != "system"]
-    base = Scope(engine.chat_model.identity, bot_fingerprint(system), engine.tenant)
-    if not earlier:
-        return base
-    recent = [(m.role, m.content) for m in earlier[-2:]]
-    return Scope(base.model, base.bot, base.tenant, follow_up_context(recent, {}))
+    earlier = [(m.role, m.content) for m in conversation[:-1] if m.role != "system"]
+    context = follow_up_context(earlier[-2:], {}) if earlier else ""
+    return replace(base, bot=bot_fingerprint(system), context=context)
 
 
 def _run(
@@ -176,9 +175,9 @@ def _run(
     reply_ids, key_locks = _state(engine)
     question = conversation[-1].content
     stats = TurnStats()
-    cache = engine.answer_cache if params.temperature == 0 else None  # sampled replies are meant to vary
-    scope = _scope(engine, conversation)
-    hit = cache.lookup(question, scope) if cache is not None else None
+    answers = engine.answers
+    scope = _scope(answers.base, conversation) if answers is not None else None
+    hit = answers.lookup(question, scope, False, TurnContext(), params) if answers and scope else None
     if hit is not None:
         stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
         stats.ttft_s = stats.total_s = time.perf_counter() - started
@@ -203,14 +202,8 @@ def _run(
     reply = out[0]
     if stats.finish_reason != "stop":  # a reply cut at a stop string is not its ids' text
         reply_ids.remember(reply.content, reply.generated_ids or ())
-    if cache is not None and stats.finish_reason == "eos":
-        cache.store(
-            question,
-            reply.content,
-            scope,
-            entropy_bits=stats.mean_entropy_bits,
-            latency_ms=(time.perf_counter() - started) * 1000,
-        )
+    if answers is not None and scope is not None:
+        answers.store(question, reply, scope, False, TurnContext(), stats, params, started)
     stats.total_s = time.perf_counter() - started
     stats.kv_bytes = engine.token_tier.resident_bytes()
     holder.append(Reply(key, reply.content, list(reply.generated_ids or ()), stats))
