@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from chatcache.conversations import Conversations
-from chatcache.drift import DriftDetector
-from chatcache.hcac import ContextCoordinator, intent_prototypes, sentence_embed
+from chatcache.drift import DriftConfig
+from chatcache.hcac import ContextCoordinator, sentence_embed
 from chatcache.models import load_embedder
 from chatcache.prompt import Message
 from chatcache.turn_tier import TurnTier
@@ -66,9 +66,9 @@ def main() -> None:
         return np.stack([vectors[text] for text in batch])
 
     embed_ms = []
-    for user, previous_reply in zip(exchanges[1:101], exchanges):
+    for (user, _), (_, previous_reply) in zip(exchanges[1:101], exchanges):
         started = time.perf_counter()
-        model_embed([user, previous_reply[1]])
+        model_embed([user, previous_reply])
         embed_ms.append((time.perf_counter() - started) * 1000)
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -78,7 +78,7 @@ def main() -> None:
         seeding_s = time.perf_counter() - seeding_started
         conversations = Conversations(store, "customer_service", "bench", bot.system_prompt)
         coordinator = ContextCoordinator(
-            conversations, TurnTier(), precomputed, bot, DriftDetector(prototypes=intent_prototypes(bot, precomputed))
+            conversations, TurnTier(), precomputed, bot, DriftConfig()
         )
         rng = random.Random(0)
         turn_ms = []
