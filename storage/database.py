@@ -38,11 +38,10 @@ class Database:
         # expire_on_commit=False: rows stay readable after commit, while records are built.
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         try:
-            self.schema_version = migrate(self._engine, self.location)
+            with self.transaction() as db:  # a busy database is a StorageBusyError from here
+                self.schema_version = migrate(db.connection(), self.location)
         except OperationalError as exc:
             self.close()
-            if is_busy(exc):
-                raise StorageBusyError(self.location) from exc
             raise StorageConfigError(f"cannot open database {self.location}: {exc.orig}") from exc
         except BaseException:
             self.close()

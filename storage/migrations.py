@@ -36,7 +36,7 @@ from sqlalchemy import (
     insert,
     select,
 )
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from storage.errors import SchemaVersionError
 
@@ -151,11 +151,11 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
-def migrate(engine: Engine, location: str) -> int:
+def migrate(conn: Connection, location: str) -> int:
     """Bring the database up to the newest schema this code knows.
 
     Args:
-        engine: Engine of the database to upgrade.
+        conn: A connection in the transaction the upgrade runs in (all of it or nothing).
         location: How to name the database in errors (a file path or a URL).
 
     Returns:
@@ -165,19 +165,18 @@ def migrate(engine: Engine, location: str) -> int:
         SchemaVersionError: The database was written by a newer schema than `MIGRATIONS`.
     """
     latest = MIGRATIONS[-1].version
-    with engine.begin() as conn:
-        _bookkeeping.create_all(conn)
-        current: int = conn.scalar(select(func.max(schema_version_table.c.version))) or 0
-        if current > latest:
-            raise SchemaVersionError(location, found=current, supported=latest)
-        for step in MIGRATIONS:
-            if step.version > current:
-                step.apply(conn)
-                conn.execute(
-                    insert(schema_version_table).values(
-                        version=step.version,
-                        description=step.description,
-                        applied_at=datetime.now(timezone.utc).replace(tzinfo=None),
-                    )
+    _bookkeeping.create_all(conn)
+    current: int = conn.scalar(select(func.max(schema_version_table.c.version))) or 0
+    if current > latest:
+        raise SchemaVersionError(location, found=current, supported=latest)
+    for step in MIGRATIONS:
+        if step.version > current:
+            step.apply(conn)
+            conn.execute(
+                insert(schema_version_table).values(
+                    version=step.version,
+                    description=step.description,
+                    applied_at=datetime.now(timezone.utc).replace(tzinfo=None),
                 )
-    return max(current, latest)
+            )
+    return latest

@@ -61,3 +61,16 @@ def test_a_write_while_another_connection_holds_the_lock_raises_busy(
     assert snapshot(tmp_path) == before
     write(store, session)  # once the lock is gone the same write goes through
     assert snapshot(tmp_path) != before
+
+
+def test_migrating_while_another_writer_holds_the_lock_raises_busy(tmp_path: Path) -> None:
+    locker = sqlite3.connect(tmp_path / DB_FILENAME, isolation_level=None)  # a new, empty file
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StorageBusyError, match="locked"):
+            SessionStore.open(tmp_path, busy_timeout=0.1)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    with SessionStore.open(tmp_path, busy_timeout=0.1) as store:  # once the lock is gone it migrates
+        assert store.create_session("s1", "ada", "travel").id == "s1"

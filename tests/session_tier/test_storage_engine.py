@@ -57,6 +57,7 @@ def test_without_the_environment_the_data_dir_is_under_local_share(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("CHATCACHE_DATA_DIR", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
 
     assert default_data_dir() == tmp_path / ".local" / "share" / "chatcache"
