@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from storage import SessionStore
+from storage.engine import sqlite_url
 from tests.session_tier.fake_clock import FakeClock
 
 POSTGRES_URL = os.environ.get("CHATCACHE_TEST_POSTGRES_URL")
@@ -42,11 +43,15 @@ def postgres_database() -> Iterator[str]:
 
 
 @pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[SessionStore]:
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str | URL:
+    """A fresh database on each backend: a SQLite file in `tmp_path`, or a PostgreSQL database."""
     if request.param == "sqlite":
-        with SessionStore.open(tmp_path, clock=clock) as opened:
-            yield opened
-    else:
-        url = request.getfixturevalue("postgres_database")
-        with SessionStore(url, clock=clock) as opened:
-            yield opened
+        return sqlite_url(tmp_path)
+    url: str = request.getfixturevalue("postgres_database")
+    return url
+
+
+@pytest.fixture
+def store(store_url: str | URL, clock: FakeClock) -> Iterator[SessionStore]:
+    with SessionStore(store_url, clock=clock) as opened:
+        yield opened

@@ -7,14 +7,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import URL
 
 from storage import DEFAULT_TTL, SessionClosedError, SessionStatus, SessionStore
 from tests.session_tier.fake_clock import START, FakeClock
 
 
 @pytest.fixture
-def hourly(tmp_path: Path, clock: FakeClock) -> Iterator[SessionStore]:
-    with SessionStore.open(tmp_path, ttl=timedelta(hours=1), clock=clock) as opened:
+def hourly(store_url: str | URL, clock: FakeClock) -> Iterator[SessionStore]:
+    """A store whose sessions live an hour, on every backend `store` runs on."""
+    with SessionStore(store_url, ttl=timedelta(hours=1), clock=clock) as opened:
         yield opened
 
 
