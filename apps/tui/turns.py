@@ -43,11 +43,19 @@ class TurnRecord:
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any] | None) -> TurnRecord:
-        """A turn of an earlier run: the session tier keeps its tier, finish reason and TTFT."""
+        """A turn of an earlier run, from what the engine records with each reply.
+
+        The record keeps the tier (an answer-cache hit is tier "answer"), finish reason, TTFT,
+        intent, drift and dialogue state; token counts are not kept.
+        """
         meta = meta or {}
+        tier = str(meta.get("tier", "?"))
         return cls(
-            tier=str(meta.get("tier", "?")),
+            tier=tier,
             ttft_s=float(meta.get("ttft_s") or 0.0),
-            answer_cache_hit=bool(meta.get("answer_cache_hit", False)),
+            answer_cache_hit=tier == "answer",
+            drift=bool(meta.get("drift", False)),
             finish_reason=str(meta.get("finish_reason", "")),
+            intent=meta.get("intent"),
+            dialogue_state=meta.get("dialogue_state"),
         )
