@@ -81,6 +81,11 @@ class TurnTier:
         with self._lock:
             return len(self._sessions.pop(session_id, {}))
 
+    def clear(self) -> None:
+        """Drop every session's entries (the user cleared the caches)."""
+        with self._lock:
+            self._sessions.clear()
+
     def purge_expired(self) -> int:
         """Remove expired entries everywhere; returns how many went."""
         removed = 0

@@ -282,8 +282,7 @@ class ChatApp(App[int]):
             return
         freed = self.engine.kv_stats().resident_bytes
         self.engine.token_tier.clear()
-        for session in self.engine.sessions():
-            self.engine.turn_tier.invalidate(session.id)
+        self.engine.turn_tier.clear()
         self.refresh_panel()
         self.notify(f"Caches cleared ({freed / 1024:.0f} KiB of KV freed); the next turn recomputes its context.")
 

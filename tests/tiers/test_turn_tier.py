@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -50,6 +51,14 @@ def test_invalidate_drops_a_session_and_leaves_others() -> None:
     assert tier.items("b") == {"intent": "balance"}
 
 
+def test_clear_drops_every_session() -> None:
+    tier = TurnTier()
+    tier.put("a", "intent", "transfer")
+    tier.put("b", "intent", "balance")
+    tier.clear()
+    assert len(tier) == 0 and tier.items("a") == {} and tier.items("b") == {}
+
+
 def test_bounds_drop_the_oldest_entry_and_session() -> None:
     tier = TurnTier(TurnTierConfig(max_entries_per_session=2, max_sessions=2))
     for key in ("k1", "k2", "k3"):
@@ -79,3 +88,31 @@ def test_concurrent_writers_do_not_lose_entries() -> None:
     for thread in threads:
         thread.join()
     assert len(tier) == 2000
+
+
+def test_concurrent_writers_keep_the_bounds_and_never_fail() -> None:
+    """Writers sharing sessions past both bounds: without the tier's lock this raises KeyError
+    in the writers (checked by hand); with it no writer fails and both bounds hold."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    tier = TurnTier(TurnTierConfig(max_entries_per_session=20, max_sessions=3))
+    errors: list[BaseException] = []
+
+    def write(writer: int) -> None:
+        try:
+            for index in range(2000):
+                tier.put(f"s{index % 5}", f"k{writer}-{index}", index)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(previous)
+    assert errors == []
+    held = [len(tier.items(f"s{i}")) for i in range(5)]
+    assert sum(1 for n in held if n) <= 3 and max(held) <= 20 and len(tier) == sum(held)
