@@ -149,7 +149,3 @@ class Conversations:
         """Drop the in-memory copy; the next turn rebuilds it from the database."""
         with self._lock:
             self._loaded.pop(session_id, None)
-
-    def loaded(self) -> list[str]:
-        with self._lock:
-            return list(self._loaded)

@@ -84,13 +84,6 @@ class BotDefinition(_Strict):
                 return intent
         raise KeyError(name)
 
-    def slot(self, name: str) -> Slot:
-        """Return the slot called `name` (KeyError if there is none)."""
-        for slot in self.slots:
-            if slot.name == name:
-                return slot
-        raise KeyError(name)
-
     def flow(self, intent: str) -> Flow:
         """Return the flow of `intent`; an intent without one simply acts at once."""
         return self.flows.get(intent, Flow())
