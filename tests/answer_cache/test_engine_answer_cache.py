@@ -36,9 +36,13 @@ def test_a_repeated_question_is_served_with_the_models_own_answer(build, make_en
 
 
 def test_a_follow_up_is_not_served_across_conversations(build) -> None:  # type: ignore[no-untyped-def]
-    engine = build(answer_cache=True)
+    engine = build(answer_cache=AnswerCacheConfig(max_entropy_bits=100.0))  # store whatever finishes
     engine.chat("paris", "Tell me about Paris in one sentence.", max_new_tokens=48)
-    engine.chat("paris", "How many people live there?", max_new_tokens=48)
+    before = engine.answer_cache.snapshot().stores
+    paris = engine.chat("paris", "How many people live there?", max_new_tokens=48)
+    assert paris.stats.finish_reason == "eos"
+    # The Paris follow-up is in the cache: only its scope can keep it from Rome.
+    assert engine.answer_cache.snapshot().stores == before + 1
     engine.chat("rome", "Tell me about Rome in one sentence.", max_new_tokens=48)
     follow_up = engine.chat("rome", "How many people live there?", max_new_tokens=48)
     assert not follow_up.stats.answer_cache_hit

@@ -87,7 +87,7 @@ def test_spill_file_of_other_weights_is_refused(make_engine, tiny_model, build_t
     assert got.token_ids == reference.chat("s", TURNS[0], max_new_tokens=12).token_ids
 
 
-def test_int8_spill_is_smaller_and_close(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_int8_spill_is_smaller_and_serves_the_next_turn(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     full = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "fp"))
     small = make_engine(
         tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "q", spill_int8=True)
