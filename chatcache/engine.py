@@ -226,10 +226,12 @@ class ChatEngine:
             self.turn_tier.invalidate(session_id)
 
     def expire_sessions(self) -> list[str]:
-        """Expire idle sessions in the session tier and release their cache tiers."""
+        """Expire idle sessions in the session tier and release their cache tiers; also drop
+        turn-tier entries past their TTL in sessions that go on (periodic upkeep)."""
         expired = self.store.expire_sessions()
         for session_id in expired:
             self.release_session(session_id)
+        self.turn_tier.purge_expired()
         return expired
 
     def close(self) -> None:

@@ -142,3 +142,15 @@ def test_a_new_process_judges_drift_against_the_stored_topic(bank) -> None:  # t
     switched = restarted.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6)
     assert switched.stats.drift  # not taken for the conversation's first turn
     assert restarted.conversations.open("s", create=False).context_start == 2
+
+
+def test_upkeep_drops_expired_turn_tier_entries_of_live_sessions(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank()
+    now = [0.0]
+    engine.turn_tier._clock = lambda: now[0]  # the tier's own clock, moved by hand
+    engine.chat("s", "I want to transfer money", max_new_tokens=4)
+    assert len(engine.turn_tier) > 0
+    now[0] += engine.turn_tier.config.ttl_s + 1
+    assert engine.expire_sessions() == []  # the session itself is far from its TTL
+    assert len(engine.turn_tier) == 0
+    assert engine.store.get_session("s").status.value == "active"
