@@ -15,7 +15,8 @@ from collections.abc import Callable
 from storage import SessionStore
 
 from .answer_cache import AnswerCache, CacheHit, Scope
-from .answer_cache.keys import follow_up_context, intent_context, normalize
+from .answer_cache.keys import conversation_context, intent_context, normalize
+from .answer_cache.personal import any_personal_data
 from .config import GenerationConfig
 from .conversations import Conversation, Conversations
 from .hcac import TurnContext
@@ -59,19 +60,27 @@ class CachedAnswers:
         self.context_window = context_window
         self._audit_rng = random.Random(0)
 
-    def scope(self, conversation: Conversation, context: TurnContext) -> tuple[Scope, bool]:
-        """Where this turn's answer is valid: bot-wide when context-free, else the intent or recent turns."""
+    def scope(self, conversation: Conversation, context: TurnContext, question: str) -> tuple[Scope, bool] | None:
+        """Where this turn's answer may be shared, and whether that is an intent's scope; None: not cached.
+
+        A turn whose question, prompt window or confirmed facts carry personal data is never
+        cached: its answer may repeat that data. Otherwise a context-free turn is shared by the
+        bot's users, a confirmed cacheable intent by everyone asking it with the same slots, and
+        a follow-up only by this user with exactly the same conversation before it.
+        """
         base = self.base
-        facts = {f"{f.kind.value}:{f.name}": f.value for f in conversation.facts}
         window = conversation.turns[conversation.context_start :]
+        slots = {str(name): str(value) for name, value in conversation.state.get("dialogue", {}).get("slots", {}).items()}
+        told = [m.content for m in window] + [f.value for f in conversation.facts] + [*slots.values(), question]
+        if any_personal_data(told):
+            return None
         flow_answer = context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE")
         if flow_answer and context.intent is not None:
-            slots = dict(conversation.state.get("dialogue", {}).get("slots", {}))
             return Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots)), True
-        if not window and not facts:
+        if not window and not conversation.facts:
             return base, False
-        recent = [(m.role, m.content) for m in window[-2:]]
-        return Scope(base.model, base.bot, base.tenant, follow_up_context(recent, facts)), False
+        seen = [(m.role, m.content) for m in conversation.window()]
+        return Scope(base.model, base.bot, base.tenant, conversation_context(self.conversations.user_id, seen)), False
 
     def lookup(
         self, text: str, scope: Scope, intent_scoped: bool, context: TurnContext, params: GenerationConfig
@@ -133,9 +142,10 @@ class CachedAnswers:
         if not conversation.lock.acquire(blocking=False):
             return False  # the session is in a turn: its own answer comes first
         try:
-            scope, _ = self.scope(conversation, TurnContext())
-            if self.cache.contains(question, scope):
+            scoped = self.scope(conversation, TurnContext(), question)
+            if scoped is None or self.cache.contains(question, scoped[0]):
                 return False
+            scope = scoped[0]
             memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
             prompt = self.renderer.conversation_ids([*conversation.window(), Message("user", question)], memo)
         finally:

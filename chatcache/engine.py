@@ -270,7 +270,7 @@ class ChatEngine:
                 self.coordinator.before_reply(conversation, text, turn_id) if self.coordinator else TurnContext()
             )
             stats = TurnStats(drift=context.drift)
-            answer_scope = self.answers.scope(conversation, context) if self.answers else None
+            answer_scope = self.answers.scope(conversation, context, text) if self.answers else None
             hit = self.answers.lookup(text, *answer_scope, context, params) if self.answers and answer_scope else None
             if context.bot_reply is not None:
                 # The flow needs a slot or a confirmation: the bot's own question is the answer.

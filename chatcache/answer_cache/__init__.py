@@ -2,7 +2,8 @@
 
 from .cache import AnswerCache, AnswerCacheStats, CacheHit
 from .config import AnswerCacheConfig
-from .keys import Scope, bot_fingerprint, follow_up_context, intent_context, normalize
+from .keys import Scope, bot_fingerprint, conversation_context, intent_context, normalize
+from .personal import any_personal_data, carries_personal_data
 from .lfu import LfuPlus, decay_factor
 from .verify import verify
 
@@ -13,9 +14,11 @@ __all__ = [
     "CacheHit",
     "LfuPlus",
     "Scope",
+    "any_personal_data",
     "bot_fingerprint",
+    "carries_personal_data",
+    "conversation_context",
     "decay_factor",
-    "follow_up_context",
     "intent_context",
     "normalize",
     "verify",

@@ -2,12 +2,15 @@
 
 The scope is applied before any vector search, so an entry can never cross it: the model's
 weights, the bot (its system prompt), the tenant, and the dialogue context. A context-free
-question (the first turn, or right after a topic change) is scoped to the whole bot; a
-follow-up's scope includes a fingerprint of the confirmed intent and slots and of the recent
-turns, never the last message alone: "how old is he?" means something else after each person.
-When the dialogue state machine has confirmed an intent whose answers the bot marks cacheable,
-the intent and its slot values become the scope instead of the recent turns, so every wording
-of that intent shares its entries.
+question (the first turn, or right after a topic change) is scoped to the whole bot and shared
+by its users. A follow-up's answer may depend on anything the model was shown, so its scope is
+a fingerprint of the whole conversation that reaches the model (the system message with the
+confirmed facts, every turn in the prompt window) and of the user: a shared last exchange is
+not a shared context ("count from 1 to 5" after two different account numbers). When the
+dialogue state machine has confirmed an intent whose answers the bot marks cacheable, the
+intent and its slot values become the scope instead, so every wording of that intent shares
+its entries. Which turns may be cached at all (none that carry personal data) is decided by
+the caller, with `personal.py`.
 """
 
 from __future__ import annotations
@@ -49,11 +52,16 @@ def bot_fingerprint(system_prompt: str | None) -> str:
     return hashlib.sha256((system_prompt or "").encode()).hexdigest()[:16]
 
 
-def follow_up_context(recent_turns: Sequence[tuple[str, str]], facts: Mapping[str, str]) -> str:
-    """Fingerprint of a follow-up's context: confirmed facts and the recent (role, text) turns."""
-    parts = [f"{name}={value}" for name, value in sorted(facts.items())]
-    parts += [f"{role}:{normalize(text)}" for role, text in recent_turns]
-    return "ctx:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+def conversation_context(owner: str, messages: Sequence[tuple[str, str]]) -> str:
+    """Fingerprint of a follow-up's context: its owner and every (role, text) message the model sees.
+
+    Texts are kept exactly (not normalised): the model sees them exactly, so two contexts that
+    differ only in case may still get different answers.
+    """
+    digest = hashlib.sha256(owner.encode())
+    for role, text in messages:
+        digest.update(f"\0{role}\0{text}".encode())
+    return "ctx:" + digest.hexdigest()[:32]
 
 
 def intent_context(intent: str, slots: Mapping[str, str]) -> str:

@@ -6,7 +6,8 @@ template and hands it to the token tier under a key derived from the conversatio
 (its system and first user message), so the next call, which repeats the same messages plus
 one more turn, reuses the KV of the common prefix and prefills only the new tail. The
 answer cache, when the engine has one, is consulted and filled with the same scope rules as
-the engine's own turns (the bot's system prompt, then the two messages before the question).
+the engine's own turns (the bot's system prompt, then every message before the question; nothing
+that carries personal data).
 
 A reply we generated is remembered with its exact token ids (`ReplyIds`): when it comes back
 as an `assistant` message in the next call it renders to the same ids the KV was computed
@@ -29,7 +30,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..answer_cache import Scope, bot_fingerprint, follow_up_context
+from ..answer_cache import Scope, any_personal_data, bot_fingerprint, conversation_context
 from ..config import GenerationConfig
 from ..errors import InvalidMessageError
 from ..hcac import TurnContext
@@ -160,11 +161,19 @@ def _checked(engine: ChatEngine, messages: Sequence[Message]) -> list[Message]:
     return conversation
 
 
-def _scope(base: Scope, conversation: list[Message]) -> Scope:
-    """The engine's scope rules: the conversation's system prompt, then the two messages before the question."""
+def _scope(base: Scope, owner: str, conversation: list[Message]) -> Scope | None:
+    """The engine's scope rules; None when the conversation carries personal data and is not cached.
+
+    The conversation's system prompt is the bot; a first question is shared by the bot's
+    users, a follow-up only by this user with exactly the same messages before it.
+    """
     system = conversation[0].content if conversation[0].role == "system" else None
-    earlier = [(m.role, m.content) for m in conversation[:-1] if m.role != "system"]
-    context = follow_up_context(earlier[-2:], {}) if earlier else ""
+    told = [m.content for m in conversation if m.role != "system"]
+    if any_personal_data(told):
+        return None
+    earlier = [(m.role, m.content) for m in conversation[:-1]]
+    followed = any(m.role != "system" for m in conversation[:-1])
+    context = conversation_context(owner, earlier) if followed else ""
     return replace(base, bot=bot_fingerprint(system), context=context)
 
 
@@ -176,7 +185,7 @@ def _run(
     question = conversation[-1].content
     stats = TurnStats()
     answers = engine.answers
-    scope = _scope(answers.base, conversation) if answers is not None else None
+    scope = _scope(answers.base, engine.conversations.user_id, conversation) if answers is not None else None
     hit = answers.lookup(question, scope, False, TurnContext(), params) if answers and scope else None
     if hit is not None:
         stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True

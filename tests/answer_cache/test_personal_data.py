@@ -1,0 +1,168 @@
+"""No user is ever served an answer that depends on another user's data.
+
+The scope rules on the tiny model (fast, exact), then the reported leak on the real model
+through the engine, LangChain and the CLI, and a randomized sweep of sessions that share
+their middle exchange but not their secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from chatcache import TokenTierConfig
+from chatcache.answer_cache import AnswerCacheConfig, carries_personal_data
+from chatcache.cli import main
+from chatcache.conversations import Conversation
+from chatcache.hcac import TurnContext
+from chatcache.langchain import CachedChatModel
+from chatcache.prompt import Message
+
+SYSTEM = "You are a helpful assistant."
+STORE_ALL = AnswerCacheConfig(max_entropy_bits=100.0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "My name is Alice Smith and my account number is 12345678.",
+        "my account number: 87654321",
+        "I'm Bob, nice to meet you",
+        "Call me Ishmael.",
+        "write to me at bob.jones@example.org",
+        "My phone is 555-0100",
+        "card 4111 1111 1111 1111",
+        "My password is swordfish",
+        "I live in Springfield",
+    ],
+)
+def test_personal_data_is_recognised(text: str) -> None:
+    assert carries_personal_data(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Count from 1 to 5.", "What is my account number?", "What are your opening hours?", "How do I reset my PIN?", "What is 12 times 13?"],
+)
+def test_questions_without_a_value_are_not_personal(text: str) -> None:
+    assert not carries_personal_data(text)
+
+
+def _conversation(session_id: str, *texts: str) -> Conversation:
+    """A conversation whose turns alternate user and assistant texts, as the engine holds it."""
+    roles = ("user", "assistant")
+    turns = [Message(roles[i % 2], text) for i, text in enumerate(texts)]
+    return Conversation(session_id, system=Message("system", SYSTEM), turns=turns)
+
+
+def test_a_follow_up_is_scoped_by_the_whole_conversation_not_the_last_exchange(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed)
+    count = ("Count from 1 to 5.", "1, 2, 3, 4, 5.")
+    paris = _conversation("a", "Tell me about Paris.", "Paris is the capital of France.", *count)
+    rome = _conversation("b", "Tell me about Rome.", "Rome is the capital of Italy.", *count)
+    question = "Which city did I ask about?"
+    a, b = (engine.answers.scope(c, TurnContext(), question) for c in (paris, rome))
+    assert a is not None and b is not None and a[0] != b[0]  # the same last exchange, not the same context
+    same = engine.answers.scope(_conversation("c", *[m.content for m in paris.turns]), TurnContext(), question)
+    assert same == a  # word for word the same conversation: the model sees the same prompt
+    moved = _conversation("d", *[m.content for m in paris.turns])
+    moved.context_start = 2  # the Paris turn left the prompt (drift): the model no longer sees it
+    assert engine.answers.scope(moved, TurnContext(), question) != a
+    other_user = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed, user_id="someone-else")
+    elsewhere = other_user.answers.scope(paris, TurnContext(), question)
+    assert elsewhere is not None and elsewhere[0] != a[0]  # follow-ups are never shared across users
+
+
+def test_a_turn_whose_context_or_question_carries_personal_data_is_not_cached(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed)
+    first = engine.answers.scope(_conversation("first"), TurnContext(), "What are your opening hours?")
+    assert first == (engine.answers.base, False)  # context-free: shared by the bot's users
+    assert engine.answers.scope(_conversation("first"), TurnContext(), "Is account 12345678 still open?") is None
+    alice = _conversation("alice", "My account number is 12345678.", "Noted.")
+    assert engine.answers.scope(alice, TurnContext(), "What is my account number?") is None
+    engine.chat("alice", "My account number is 12345678.", max_new_tokens=4)
+    engine.chat("alice", "What is my account number?", max_new_tokens=4)
+    assert engine.answer_cache.snapshot().lookups == 0  # neither turn reached the cache
+
+
+@pytest.fixture
+def bundled_engine(make_engine, bundled_model, tmp_path: Path):  # type: ignore[no-untyped-def]
+    def build(**kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("store", f"sqlite:///{tmp_path}/shared.db")
+        kwargs.setdefault("token_tier", TokenTierConfig(spill_dir=None))
+        kwargs.setdefault("answer_cache", STORE_ALL)
+        return make_engine(bundled_model, system_prompt=SYSTEM, **kwargs)
+
+    return build
+
+
+SCENARIO = [
+    ("alice", "My name is Alice Smith and my account number is 12345678."),
+    ("alice", "Count from 1 to 5."),
+    ("alice", "What is my account number?"),
+    ("bob", "My name is Bob Jones and my account number is 87654321."),
+    ("bob", "Count from 1 to 5."),
+    ("bob", "What's my account number?"),
+]
+
+
+@pytest.mark.bundled
+def test_the_reported_leak_through_the_engine(bundled_engine) -> None:  # type: ignore[no-untyped-def]
+    engine = bundled_engine()
+    replies = {(s, t): engine.chat(s, t, max_new_tokens=24) for s, t in SCENARIO}
+    bob = replies[SCENARIO[-1]]
+    assert "12345678" not in bob.text and not bob.stats.answer_cache_hit
+    assert "87654321" not in replies[SCENARIO[2]].text
+
+
+@pytest.mark.bundled
+def test_the_reported_leak_through_langchain(bundled_engine) -> None:  # type: ignore[no-untyped-def]
+    model = CachedChatModel(engine=bundled_engine(), max_tokens=24)
+    replies = {}
+    for user in ("alice", "bob"):
+        messages: list = [SystemMessage(SYSTEM)]
+        for session, text in SCENARIO:
+            if session == user:
+                messages.append(HumanMessage(text))
+                reply = model.invoke(messages)
+                assert isinstance(reply, AIMessage)
+                messages.append(reply)
+        replies[user] = messages[-1]
+    assert "12345678" not in str(replies["bob"].content)
+    assert replies["bob"].response_metadata.get("tier") != "answer"
+
+
+@pytest.mark.bundled
+def test_the_reported_leak_through_the_cli(bundled_model, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    model_dir = bundled_model.model.name_or_path
+    url = f"sqlite:///{tmp_path}/cli.db"
+    last: dict = {}  # type: ignore[type-arg]
+    for session, text in SCENARIO:
+        code = main(["ask", "--model", model_dir, "--db", url, "--session", session, "--system", SYSTEM,
+                     "--max-new-tokens", "24", "--json", text])
+        assert code == 0
+        last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "12345678" not in last["reply"] and not last["stats"]["answer_cache_hit"]
+
+
+@pytest.mark.bundled
+def test_randomized_sessions_never_see_each_others_secrets(bundled_engine) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(20261201)
+    engine = bundled_engine()
+    names = ["Alice", "Bob", "Chen", "Dana", "Emeka", "Fatima"]
+    asks = ["What is my account number?", "what's my account number", "Tell me my account number.", "Which account number did I give?"]
+    secrets = {}
+    for index, name in enumerate(names):
+        secret = str(rng.randrange(10**7, 10**8))
+        secrets[f"s{index}"] = secret
+        opener = rng.choice([f"My name is {name} and my account number is {secret}.", f"Hi, I'm {name}. Account {secret}."])
+        engine.chat(f"s{index}", opener, max_new_tokens=24)
+        engine.chat(f"s{index}", "Count from 1 to 5.", max_new_tokens=24)
+    for session, secret in secrets.items():
+        reply = engine.chat(session, rng.choice(asks), max_new_tokens=24)
+        others = [other for s, other in secrets.items() if s != session]
+        assert not any(other in reply.text for other in others), (session, reply.text)
