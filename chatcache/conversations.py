@@ -4,17 +4,24 @@ Every user message is written before the model runs and every reply after it, so
 loses at most the reply being generated. Memory holds what a turn needs at once: the
 messages in prompt order (each reply with the exact ids it was generated as), where the
 prompt window starts, and the rendered segments. A user message that never got a reply
-(its turn failed) stays in the record but is left out of the prompt. A conversation not in
-memory is rebuilt from the database, so a new process continues where the last one stopped.
+(its turn failed) stays in the record but is left out of the prompt; each reply records the
+seq of the question it answers. A conversation not in memory is rebuilt from the database,
+so a new process continues where the last one stopped.
+
+Several processes may serve one session (`chatcache ask`, app windows, workers): a turn holds
+the session's lease in the database (`Conversations.turn`), so turns never interleave, and a
+copy in memory that another process has changed since is rebuilt before the turn uses it.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from storage import Fact, SessionStore, StaleVersionError
+from storage import Fact, SessionHead, SessionStore, StaleVersionError
 
 from .prompt import Message, RenderedSegments
 
@@ -33,6 +40,8 @@ class Conversation:
     facts: list[Fact] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
     version: int = 0
+    last_seq: int = 0  # the newest stored message this copy has seen
+    lease: str | None = None  # the turn lease's holder while a turn runs
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def window(self, start: int | None = None) -> list[Message]:
@@ -81,34 +90,87 @@ class Conversations:
 
     def _rebuild(self, session_id: str, state: dict[str, Any], version: int) -> Conversation:
         facts = self.store.facts(session_id)
+        records = self.store.messages(session_id)
+        asked: dict[int, Message] = {}  # user messages by seq, until answered
         turns: list[Message] = []
-        pending: Message | None = None
-        for record in self.store.messages(session_id):
+        pending: int | None = None  # the latest user message, for replies stored without reply_to
+        for record in records:
             if record.role == "user":
-                pending = Message("user", record.content)  # replaces an unanswered one
-            elif record.role == "assistant" and pending is not None:
-                ids = (record.meta or {}).get("token_ids")
-                turns += [pending, Message("assistant", record.content, tuple(ids) if ids else None)]
+                asked[record.seq] = Message("user", record.content)
+                pending = record.seq
+            elif record.role == "assistant":
+                question = asked.pop(record.reply_to if record.reply_to is not None else pending or -1, None)
                 pending = None
-        conversation = Conversation(session_id, system=None, turns=turns, facts=facts, state=dict(state), version=version)
+                if question is not None:
+                    ids = (record.meta or {}).get("token_ids")
+                    turns += [question, Message("assistant", record.content, tuple(ids) if ids else None)]
+        last_seq = records[-1].seq if records else 0
+        conversation = Conversation(
+            session_id, system=None, turns=turns, facts=facts, state=dict(state), version=version, last_seq=last_seq
+        )
         conversation.context_start = min(int(state.get(CONTEXT_START, 0)), len(turns))
         self._set_system(conversation)
         return conversation
+
+    @contextmanager
+    def turn(self, conversation: Conversation) -> Iterator[bool]:
+        """Hold the session's turn lease for one turn; yields whether the copy was rebuilt first.
+
+        The caller holds `conversation.lock` (this process's other threads); the lease keeps
+        other processes out. A copy that another process changed since it was loaded is
+        rebuilt in place, so the turn sees every message and state change stored so far.
+
+        Raises:
+            SessionBusyError: another process kept the session longer than the lease wait.
+        """
+        with self.store.leases.hold(conversation.id) as lease:
+            stale = lease.head != SessionHead(conversation.version, conversation.last_seq)
+            if stale:
+                session = self.store.get_session(conversation.id)
+                fresh = self._rebuild(conversation.id, session.state, session.version)
+                for name in (f.name for f in fields(Conversation) if f.name not in ("id", "lock")):
+                    setattr(conversation, name, getattr(fresh, name))
+            conversation.lease = lease.holder
+            try:
+                yield stale
+            finally:
+                conversation.lease = None
+
+    def read(self, session_id: str) -> Conversation:
+        """The conversation as stored now, without touching the copy in memory (another process may write it).
+
+        Raises:
+            UnknownSessionError: the session does not exist.
+        """
+        session = self.store.get_session(session_id)
+        return self._rebuild(session_id, session.state, session.version)
 
     def _set_system(self, conversation: Conversation) -> None:
         content = render_facts(self.system_prompt, conversation.facts)
         conversation.system = Message("system", content) if content else None
         conversation.segments.ids.clear()
 
-    def record_user(self, conversation: Conversation, text: str, tokens: int) -> str:
-        """Store the user's message before anything can fail; returns an id for this turn."""
-        message = self.store.append_message(conversation.id, "user", text, tokens)
-        return f"{conversation.id}:{message.seq}"
+    def record_user(self, conversation: Conversation, text: str, tokens: int) -> int:
+        """Store the user's message before anything can fail; returns its seq, which the reply names."""
+        message = self.store.append_message(conversation.id, "user", text, tokens, lease=conversation.lease)
+        conversation.last_seq = message.seq
+        return message.seq
 
-    def record_reply(self, conversation: Conversation, user: Message, reply: Message, meta: dict[str, Any]) -> None:
-        """Store the reply, then add the finished turn to the conversation in memory."""
+    def record_reply(
+        self, conversation: Conversation, user: Message, user_seq: int, reply: Message, meta: dict[str, Any]
+    ) -> None:
+        """Store the reply to the user message `user_seq`, then add the finished turn in memory."""
         ids = list(reply.generated_ids or ())
-        self.store.append_message(conversation.id, "assistant", reply.content, len(ids), {**meta, "token_ids": ids})
+        message = self.store.append_message(
+            conversation.id,
+            "assistant",
+            reply.content,
+            len(ids),
+            {**meta, "token_ids": ids},
+            reply_to=user_seq,
+            lease=conversation.lease,
+        )
+        conversation.last_seq = message.seq
         conversation.turns += [user, reply]
 
     def move_context_start(self, conversation: Conversation, start: int) -> None:

@@ -201,7 +201,7 @@ class ChatEngine:
         Raises:
             UnknownSessionError: no such session in the session tier.
         """
-        return list(self.conversations.open(session_id, create=False).turns)
+        return list(self.conversations.read(session_id).turns)
 
     def sessions(self) -> list[ChatSession]:
         """This user's sessions in the session tier, most recently active first."""
@@ -220,6 +220,10 @@ class ChatEngine:
         """Free what a session holds in memory and on disk (it ended or expired)."""
         self.conversations.forget(session_id)
         self.token_tier.drop(session_id)
+        self._release_derived(session_id)
+
+    def _release_derived(self, session_id: str) -> None:
+        """Drop the turn-tier entries and drift history computed from the session's turns."""
         if self.coordinator is not None:
             self.coordinator.release(session_id)
         else:
@@ -261,11 +265,14 @@ class ChatEngine:
     ) -> Generator[str, None, None]:
         started = time.perf_counter()
         conversation = self.conversations.open(session_id, create=True)
-        with conversation.lock:
+        with conversation.lock, self.conversations.turn(conversation) as rebuilt:
+            if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
+                self._release_derived(session_id)
             user = Message("user", text)
             self._check_fits(conversation, user, params.max_new_tokens)
             tokens = len(self.chat_model.tokenizer.encode(text, add_special_tokens=False))
-            turn_id = self.conversations.record_user(conversation, text, tokens)
+            user_seq = self.conversations.record_user(conversation, text, tokens)
+            turn_id = f"{session_id}:{user_seq}"
             context = (
                 self.coordinator.before_reply(conversation, text, turn_id) if self.coordinator else TurnContext()
             )
@@ -307,7 +314,7 @@ class ChatEngine:
                 "dialogue_state": context.dialogue_state,
             }
             try:
-                self.conversations.record_reply(conversation, user, reply, meta)
+                self.conversations.record_reply(conversation, user, user_seq, reply, meta)
             except BaseException:
                 self.conversations.forget(session_id)  # memory must not run ahead of the record
                 raise

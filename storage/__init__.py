@@ -13,7 +13,9 @@ This package never imports the engine, dialogue or app layers.
 """
 
 from storage.errors import (
+    LeaseLostError,
     SchemaVersionError,
+    SessionBusyError,
     SessionClosedError,
     SessionExistsError,
     StaleVersionError,
@@ -25,11 +27,16 @@ from storage.errors import (
 from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
 from storage.answers import AnswerEntries, AnswerRecord
 from storage.engine import default_data_dir
+from storage.leases import Lease, SessionHead
 from storage.store import DEFAULT_TTL, SessionStore
 
 __all__ = [
     "AnswerEntries",
     "AnswerRecord",
+    "Lease",
+    "LeaseLostError",
+    "SessionBusyError",
+    "SessionHead",
     "DEFAULT_TTL",
     "ChatSession",
     "Fact",

@@ -88,3 +88,31 @@ class StaleVersionError(StorageError):
         self.session_id = session_id
         self.expected = expected
         self.actual = actual
+
+
+class SessionBusyError(StorageError):
+    """Another process is answering this session and kept it for longer than the caller waits.
+
+    Nothing was written; send the message again when that turn has finished.
+    """
+
+    def __init__(self, session_id: str, waited_s: float) -> None:
+        super().__init__(
+            f"session {session_id!r} is answering another message in another process "
+            f"(waited {waited_s:g} s); nothing was written, send it again in a moment"
+        )
+        self.session_id = session_id
+
+
+class LeaseLostError(StorageError):
+    """A turn's lease ran out (it stalled past the lease's ttl) and another process took the session.
+
+    The write was refused so the two turns cannot interleave; the turn's reply is not recorded.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r} was taken over by another process while this turn stalled; "
+            "its reply was not recorded, ask again"
+        )
+        self.session_id = session_id

@@ -35,6 +35,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
 )
 from sqlalchemy.engine import Connection
 
@@ -145,9 +146,21 @@ def _create_answer_entries(conn: Connection) -> None:
     v2.create_all(conn)
 
 
+def _add_turn_leases_and_reply_to(conn: Connection) -> None:
+    """Version 3: a session's turn lease (one process answers it at a time), and which question a reply answers."""
+    columns = (
+        ("sessions", "lease_holder", String(64)),
+        ("sessions", "lease_expires_at", DateTime()),
+        ("messages", "reply_to", Integer()),
+    )
+    for table, column, kind in columns:
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {kind.compile(dialect=conn.dialect)}"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create sessions, messages and session facts", _create_tables),
     Migration(2, "create answer cache entries", _create_answer_entries),
+    Migration(3, "add turn leases to sessions and reply_to to messages", _add_turn_leases_and_reply_to),
 )
 
 

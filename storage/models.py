@@ -75,6 +75,9 @@ class SessionRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Which process is answering the session now, and until when (storage.leases).
+    lease_holder: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     def record(self) -> ChatSession:
         """Copy this row into a value that outlives the database session."""
@@ -109,6 +112,8 @@ class MessageRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # none_as_null: no meta is SQL NULL, not the JSON text 'null'.
     meta: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # The seq of the user message an assistant message answers; None for older rows.
+    reply_to: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     def record(self) -> Message:
         """Copy this row into a value that outlives the database session."""
@@ -121,6 +126,7 @@ class MessageRow(Base):
             token_count=self.token_count,
             created_at=self.created_at,
             meta=None if self.meta is None else dict(self.meta),
+            reply_to=self.reply_to,
         )
 
 

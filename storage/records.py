@@ -69,6 +69,7 @@ class Message:
     token_count: int
     created_at: datetime
     meta: dict[str, Any] | None
+    reply_to: int | None = None  # an assistant message: the seq of the user message it answers
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,9 @@ from sqlalchemy.orm import Session
 from storage.answers import AnswerEntries
 from storage.database import Database
 from storage.engine import default_data_dir, sqlite_url
+from storage.leases import TurnLeases
 from storage.errors import (
+    LeaseLostError,
     SessionClosedError,
     SessionExistsError,
     StaleVersionError,
@@ -88,6 +90,7 @@ class SessionStore:
         self._db = Database(url, busy_timeout)
         self.location = self._db.location
         self.schema_version = self._db.schema_version
+        self._leases = TurnLeases(self._db, clock)
 
     @classmethod
     def open(
@@ -112,6 +115,11 @@ class SessionStore:
         """
         directory = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
         return cls(sqlite_url(directory), ttl=ttl, busy_timeout=busy_timeout, clock=clock)
+
+    @property
+    def leases(self) -> TurnLeases:
+        """Turn leases of this database's sessions: one process answers a session at a time."""
+        return self._leases
 
     @property
     def answers(self) -> AnswerEntries:
@@ -339,6 +347,9 @@ class SessionStore:
         content: str,
         token_count: int,
         meta: Mapping[str, Any] | None = None,
+        *,
+        reply_to: int | None = None,
+        lease: str | None = None,
     ) -> Message:
         """Add a message after the session's last one and extend the session's life.
 
@@ -348,12 +359,16 @@ class SessionStore:
             content: The message text.
             token_count: Tokens in `content`, as counted by the caller's tokenizer.
             meta: Optional JSON-serialisable extras (model name, latency, ...).
+            reply_to: For a reply, the `seq` of the user message it answers.
+            lease: The holder of the session's turn lease this write is made under
+                (`SessionStore.leases`); the write is refused if the lease is no longer theirs.
 
         Returns:
             The stored message with its `seq`.
 
         Raises:
             SessionClosedError: The session has ended or expired.
+            LeaseLostError: `lease` was given and another holder has the session now.
             UnknownSessionError: No session has this id.
         """
         role = Role(role)
@@ -361,7 +376,7 @@ class SessionStore:
             raise ValueError(f"token_count must be >= 0, got {token_count}")
         now = self._clock()
         with self._db.transaction() as db:
-            self._touch(db, session_id, now)
+            self._touch(db, session_id, now, lease)
             last = db.scalar(
                 select(func.max(MessageRow.seq)).where(MessageRow.session_id == session_id)
             )
@@ -373,6 +388,7 @@ class SessionStore:
                 token_count=token_count,
                 created_at=now,
                 meta=None if meta is None else dict(meta),
+                reply_to=reply_to,
             )
             db.add(row)
             db.flush()
@@ -470,16 +486,17 @@ class SessionStore:
             raise UnknownSessionError(session_id)
         return row
 
-    def _touch(self, db: Session, session_id: str, now: datetime) -> None:
-        """Mark activity on an active session; the first write of every write method."""
-        changed = _changed(
-            db,
-            update(SessionRow)
-            .where(SessionRow.id == session_id, SessionRow.status == SessionStatus.ACTIVE)
-            .values(updated_at=now, expires_at=now + self.ttl),
-        )
+    def _touch(self, db: Session, session_id: str, now: datetime, lease: str | None = None) -> None:
+        """Mark activity on an active session (held by `lease`, if given); the first write of every write method."""
+        query = update(SessionRow).where(SessionRow.id == session_id, SessionRow.status == SessionStatus.ACTIVE)
+        if lease is not None:
+            query = query.where(SessionRow.lease_holder == lease)
+        changed = _changed(db, query.values(updated_at=now, expires_at=now + self.ttl))
         if changed == 0:
-            raise SessionClosedError(session_id, self._require(db, session_id).status)
+            row = self._require(db, session_id)
+            if row.status != SessionStatus.ACTIVE:
+                raise SessionClosedError(session_id, row.status)
+            raise LeaseLostError(session_id)
 
     def _set(self, session_id: str, **values: Any) -> ChatSession:
         with self._db.transaction() as db:

@@ -24,7 +24,8 @@ def fill(data_dir: Path) -> None:
     later = now + timedelta(days=1)
     with closing(sqlite3.connect(data_dir / DB_FILENAME)) as conn:
         conn.executemany(
-            "INSERT INTO sessions VALUES (?, ?, 'travel', NULL, 'active', 1, '{}', ?, ?, ?)",
+            "INSERT INTO sessions (id, user_id, bot, title, status, version, state, created_at, updated_at, expires_at)"
+            " VALUES (?, ?, 'travel', NULL, 'active', 1, '{}', ?, ?, ?)",
             (
                 (f"s{i}", f"u{i % 100}", now, now + timedelta(seconds=i), later)
                 for i in range(SESSIONS)
