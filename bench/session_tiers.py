@@ -1,9 +1,9 @@
 """Per-turn cost of the session tier, turn tier, dialogue state machine and drift detection.
 
 Everything a turn does around the chat model, measured with 10,000 sessions in the SQLite
-database: open the conversation, record the user message, classify and step the dialogue
+database: open the conversation, take the session's turn lease, record the user message, classify and step the dialogue
 state machine (state saved with optimistic locking), detect drift, update the turn tier,
-record the reply. The turns and replies are SGD dev's. Embeddings are computed beforehand for
+record the reply, release the lease. The turns and replies are SGD dev's. Embeddings are computed beforehand for
 the main figure (the embedder is a model too); the MiniLM embedding of one turn (the user turn
 with the assistant's last turn, one batch, as the coordinator embeds them) is timed beside it.
 
@@ -86,10 +86,13 @@ def main() -> None:
             session_id = f"live-{index // 10}" if rng.random() < 0.8 else f"seed-{rng.randrange(args.sessions)}"
             started = time.perf_counter()
             conversation = conversations.open(session_id, create=True)
-            turn_id = conversations.record_user(conversation, text, len(text.split()))
-            context = coordinator.before_reply(conversation, text, turn_id)
-            conversations.record_reply(conversation, Message("user", text), Message("assistant", reply), {"tier": "bench"})
-            coordinator.after_reply(conversation, context, turn_id)
+            with conversations.turn(conversation):
+                user_seq = conversations.record_user(conversation, text, len(text.split()))
+                turn_id = f"{session_id}:{user_seq}"
+                context = coordinator.before_reply(conversation, text, turn_id)
+                user = Message("user", text)
+                conversations.record_reply(conversation, user, user_seq, Message("assistant", reply), {"tier": "bench"})
+                coordinator.after_reply(conversation, context, turn_id)
             turn_ms.append((time.perf_counter() - started) * 1000)
         sessions_in_db = store.count_sessions()
         store.close()
