@@ -264,7 +264,7 @@ class ChatEngine:
         with conversation.lock:
             user = Message("user", text)
             self._check_fits(conversation, user, params.max_new_tokens)
-            tokens = len(self.chat_model.tokenizer.encode(text, add_special_tokens=False))
+            tokens = len(self.renderer.encode_text(text))
             turn_id = self.conversations.record_user(conversation, text, tokens)
             context = (
                 self.coordinator.before_reply(conversation, text, turn_id) if self.coordinator else TurnContext()
