@@ -19,7 +19,6 @@ malformed and not guarded against.
 
 from __future__ import annotations
 
-import copy
 import re
 
 from transformers import PreTrainedTokenizerBase
@@ -35,11 +34,6 @@ class PlainText:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        # `split_special_tokens` is applied by flipping a flag on the shared Rust tokenizer for
-        # the call; a concurrent normal encode could flip it back mid-call. A private copy keeps
-        # the flag set for good and leaves the caller's tokenizer untouched.
-        self._plain = copy.deepcopy(tokenizer)
-        self._plain.split_special_tokens = True
         self.special_ids = frozenset(
             {index for index, token in tokenizer.added_tokens_decoder.items() if token.special}
             | set(tokenizer.all_special_ids)
@@ -51,12 +45,8 @@ class PlainText:
         self._special = re.compile(alternatives) if alternatives else None
 
     def encode(self, text: str) -> list[int]:
-        """Ids of `text` as ordinary characters (what a message's own text counts as)."""
-        ids = list(self._plain.encode(text, add_special_tokens=False, split_special_tokens=True)) if text else []
-        if self.special_ids.intersection(ids):
-            # A tokenizer whose plain-text path still matches special tokens must not be trusted.
-            raise ValueError(f"{type(self.tokenizer).__name__} encodes special tokens even as plain text")
-        return ids
+        """Ids of a message's own text (what it counts as, or an assistant reply without its ids)."""
+        return self.encode_rendered(self.mark(text))
 
     def mark(self, content: str) -> str:
         """`content` with each special-token string wrapped in markers, for the template to render."""
@@ -80,7 +70,25 @@ class PlainText:
             if not piece:
                 continue
             if index % 2:
-                ids += self.encode(piece)
+                ids += self._encode_as_characters(piece)
             else:
                 ids += self.tokenizer.encode(piece, add_special_tokens=False)
+        return ids
+
+    def _encode_as_characters(self, text: str) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        else:
+            # The fast tokenizer's pipeline minus its added-token matching. Not
+            # `split_special_tokens=True`: that flips a flag on the shared Rust tokenizer for
+            # the call, and a concurrent ordinary encode could flip it back mid-call.
+            if backend.normalizer is not None:
+                text = backend.normalizer.normalize_str(text)
+            splits = [text]
+            if backend.pre_tokenizer is not None:
+                splits = [split for split, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+            ids = [token.id for split in splits for token in backend.model.tokenize(split)]
+        if self.special_ids.intersection(ids):
+            raise ValueError(f"{type(self.tokenizer).__name__} spells {text!r} with special tokens even as plain text")
         return ids
