@@ -270,7 +270,7 @@ class ChatEngine:
                 self._release_derived(session_id)
             user = Message("user", text)
             self._check_fits(conversation, user, params.max_new_tokens)
-            tokens = len(self.chat_model.tokenizer.encode(text, add_special_tokens=False))
+            tokens = len(self.renderer.encode_text(text))
             user_seq = self.conversations.record_user(conversation, text, tokens)
             turn_id = f"{session_id}:{user_seq}"
             context = (

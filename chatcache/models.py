@@ -9,7 +9,6 @@ Loads are cached per process: a second `load_chat_model("bundled")` returns the 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -23,6 +22,7 @@ import torch
 
 from .config import default_data_dir
 from .errors import ModelNotFoundError
+from .weights_identity import weight_digests, weight_files, weights_identity
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -43,14 +43,19 @@ _load_lock = threading.Lock()
 class ChatModel:
     """A loaded causal LM with its tokenizer and what identifies its weights.
 
-    `identity` names the exact weights: spilled KV is only ever restored into the model
-    that computed it.
+    `identity` names the exact weights, wherever they were loaded from: spilled KV is only
+    ever restored into, and cached answers only served for, the weights that made them.
+    Left empty (a model built in memory), it is computed from the tensors.
     """
 
     name: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    identity: str
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            object.__setattr__(self, "identity", weights_identity(self.model))
 
     @property
     def context_window(self) -> int:
@@ -107,14 +112,17 @@ def _convert_gguf(gguf: Path, target: Path, source: dict[str, Any]) -> None:
     (staging / "chatcache-source.json").write_text(json.dumps(source))
     shutil.rmtree(target, ignore_errors=True)
     staging.replace(target)
+    weight_digests(weight_files(target))  # hashed now, while converting anyway, so no later start pays for it
 
 
-def _weights_identity(name: str, model: PreTrainedModel) -> str:
-    """Fingerprint the config and a slice of the weights: same name, other weights, other id."""
-    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
-    embedding = model.get_input_embeddings().weight.detach()
-    digest.update(embedding.flatten()[:4096].to(torch.float32).cpu().numpy().tobytes())
-    return f"{name}@{digest.hexdigest()[:16]}"
+def _weights_dir(source: str) -> Path | None:
+    """Where `source`'s weight files are: the directory itself, or its Hugging Face cache snapshot."""
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(source, "config.json")
+    return Path(config).parent if isinstance(config, str) else None
 
 
 def load_chat_model(name: str = "bundled", device: str | None = None, dtype: torch.dtype | None = None) -> ChatModel:
@@ -153,7 +161,8 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
     if not getattr(tokenizer, "chat_template", None):
         raise ModelNotFoundError(f"Model {name!r} has no chat template, so it cannot render a conversation.")
     model.to(device).eval()
-    return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=_weights_identity(name, model))
+    identity = weights_identity(model, _weights_dir(source))
+    return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity)
 
 
 def _not_found_message(name: str, what: str, install: str, cause: Exception) -> str:

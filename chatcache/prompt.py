@@ -9,6 +9,9 @@ segments spell the template's rendering of the whole conversation.
 Templates that are not prefix-stable (rendering more messages changes earlier text, as some
 reasoning templates do) are rendered whole on every turn instead; the token tier still
 reuses whatever common prefix survives.
+
+Message content is always plain text (see `plain_text`): only the template's own special
+tokens come out as special ids.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
+
+from .plain_text import PlainText
 
 _PLACEHOLDER = "\u2063chatcache-reply\u2063"
 
@@ -43,6 +48,7 @@ class PromptRenderer:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        self.plain_text = PlainText(tokenizer)
         template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else repr(tokenizer.chat_template)
         self.template_hash = hashlib.sha256(template.encode()).hexdigest()[:16]
         eos = tokenizer.eos_token_id
@@ -53,14 +59,18 @@ class PromptRenderer:
         if not messages and not add_generation_prompt:
             return ""
         text = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
+            [{"role": m.role, "content": self.plain_text.mark(m.content)} for m in messages],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )
         return str(text)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+        return self.plain_text.encode_rendered(text)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of a message's text on its own, as plain text (for counting its tokens)."""
+        return self.plain_text.encode(text)
 
     def _is_prefix_stable(self) -> bool:
         """Whether each message only appends text, which segment-wise rendering relies on."""
@@ -92,7 +102,7 @@ class PromptRenderer:
             before = self._render(history, add_generation_prompt=True)
             after = self._render([*history, Message("assistant", _PLACEHOLDER)])
             head, _, foot = after[len(before):].partition(_PLACEHOLDER)
-            generated = list(message.generated_ids or self._encode(message.content))
+            generated = list(message.generated_ids or self.plain_text.encode(message.content))
             if generated and generated[-1] in self._eos_ids and self._encode(foot)[:1] == generated[-1:]:
                 generated = generated[:-1]  # the template's footer closes the turn with that same token
             return self._encode(head) + generated + self._encode(foot)

@@ -121,7 +121,7 @@ class CachedChatModel(BaseChatModel):
         return params
 
     def get_token_ids(self, text: str) -> list[int]:
-        return list(self.engine.chat_model.tokenizer.encode(text, add_special_tokens=False))
+        return self.engine.renderer.encode_text(text)
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: str | None = None, **kwargs: Any) -> Any:
         """Not supported: raises NotImplementedError."""
