@@ -7,6 +7,7 @@ from .engine import ChatEngine
 from .errors import (
     ChatCacheError,
     ConfigError,
+    CorruptDatabaseError,
     InvalidMessageError,
     ModelNotFoundError,
     SessionClosedError,
@@ -24,6 +25,7 @@ __all__ = [
     "ChatEngine",
     "ChatModel",
     "ConfigError",
+    "CorruptDatabaseError",
     "DriftConfig",
     "GenerationConfig",
     "InvalidMessageError",

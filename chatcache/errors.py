@@ -4,11 +4,12 @@ Every error says what was wrong and what to do; none of them leaves a session ha
 Session errors come from the session tier (`storage`) and are re-exported here.
 """
 
-from storage.errors import SessionClosedError, StorageError, UnknownSessionError
+from storage.errors import CorruptDatabaseError, SessionClosedError, StorageError, UnknownSessionError
 
 __all__ = [
     "ChatCacheError",
     "ConfigError",
+    "CorruptDatabaseError",
     "InvalidMessageError",
     "ModelNotFoundError",
     "SessionClosedError",

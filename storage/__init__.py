@@ -13,6 +13,7 @@ This package never imports the engine, dialogue or app layers.
 """
 
 from storage.errors import (
+    CorruptDatabaseError,
     SchemaVersionError,
     SessionClosedError,
     SessionExistsError,
@@ -32,6 +33,7 @@ __all__ = [
     "AnswerRecord",
     "DEFAULT_TTL",
     "ChatSession",
+    "CorruptDatabaseError",
     "Fact",
     "FactKind",
     "Message",

@@ -88,3 +88,17 @@ class StaleVersionError(StorageError):
         self.session_id = session_id
         self.expected = expected
         self.actual = actual
+
+class CorruptDatabaseError(StorageError):
+    """The database file is damaged, or is not a SQLite database at all.
+
+    Nothing was written to it; chatcache never tries to repair or overwrite such a file.
+    """
+
+    def __init__(self, location: str, detail: str) -> None:
+        super().__init__(
+            f"database {location} is damaged or not a chatcache database ({detail}); "
+            "move the file away to start with an empty one, or restore it from a backup"
+        )
+        self.location = location
+

@@ -69,6 +69,7 @@ class SessionStore:
         StorageConfigError: The URL is unusable or the database cannot be opened.
         StorageBusyError: Another process held the database during migration.
         SchemaVersionError: The database was written by a newer chatcache.
+        CorruptDatabaseError: The database file is damaged or not a database.
     """
 
     def __init__(
