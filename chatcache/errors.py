@@ -4,12 +4,19 @@ Every error says what was wrong and what to do; none of them leaves a session ha
 Session errors come from the session tier (`storage`) and are re-exported here.
 """
 
-from storage.errors import CorruptDatabaseError, SessionClosedError, StorageError, UnknownSessionError
+from storage.errors import (
+    CorruptDatabaseError,
+    InvalidIdError,
+    SessionClosedError,
+    StorageError,
+    UnknownSessionError,
+)
 
 __all__ = [
     "ChatCacheError",
     "ConfigError",
     "CorruptDatabaseError",
+    "InvalidIdError",
     "InvalidMessageError",
     "ModelNotFoundError",
     "SessionClosedError",

@@ -14,6 +14,8 @@ This package never imports the engine, dialogue or app layers.
 
 from storage.errors import (
     CorruptDatabaseError,
+    InvalidIdError,
+    InvalidTextError,
     SchemaVersionError,
     SessionClosedError,
     SessionExistsError,
@@ -36,6 +38,8 @@ __all__ = [
     "CorruptDatabaseError",
     "Fact",
     "FactKind",
+    "InvalidIdError",
+    "InvalidTextError",
     "Message",
     "Role",
     "SchemaVersionError",

@@ -89,6 +89,7 @@ class StaleVersionError(StorageError):
         self.expected = expected
         self.actual = actual
 
+
 class CorruptDatabaseError(StorageError):
     """The database file is damaged, or is not a SQLite database at all.
 
@@ -102,3 +103,23 @@ class CorruptDatabaseError(StorageError):
         )
         self.location = location
 
+
+class InvalidIdError(StorageError, ValueError):
+    """A session, user or bot id that breaks the one rule every backend can keep alike.
+
+    It is also a `ValueError`, as the empty session id always was.
+    """
+
+    def __init__(self, what: str, value: object, problem: str) -> None:
+        shown = value[:40] + "..." if isinstance(value, str) and len(value) > 40 else value
+        super().__init__(f"{what} {shown!r} {problem}; use 1 to 128 printable characters")
+        self.what = what
+        self.value = value
+
+
+class InvalidTextError(StorageError, ValueError):
+    """Text that some database cannot store (a NUL, a lone surrogate) or too long for its field."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        super().__init__(f"{what} {problem}; nothing was written")
+        self.what = what
