@@ -34,7 +34,8 @@ class ModelNotFoundError(ChatCacheError, ValueError):
 
 
 class InvalidMessageError(ChatCacheError, ValueError):
-    """A user message that cannot be answered: empty, or longer than the context window."""
+    """A user message that cannot be answered: empty, longer than the context window, or
+    holding a character no database can store (a NUL, a lone surrogate)."""
 
 
 class ConfigError(ChatCacheError, ValueError):
