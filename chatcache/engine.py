@@ -93,7 +93,8 @@ class ChatEngine:
             store = SessionStore(store) if store else SessionStore.open(default_data_dir())
         self.store = store
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
-        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt)
+        vocab_size = int(self.chat_model.model.config.vocab_size)  # the ids a stored reply may hold
+        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt, vocab_size=vocab_size)
         self.turn_tier = TurnTier(turn_tier)
         needs_embedder = bool(drift) or self.bot is not None or bool(answer_cache)
         self._embed = (
