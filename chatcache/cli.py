@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         from apps.tui import run_tui
 
         return run_tui(_engine_factory(args), session_id=args.session, bot=args.bot, max_new_tokens=args.max_new_tokens)
-    except (ChatCacheError, StorageError, BotDefinitionError) as exc:
+    except (ChatCacheError, StorageError, BotDefinitionError, FileNotFoundError) as exc:  # no bot file of that name
         print(f"chatcache: {exc}", file=sys.stderr)
         return 2
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,12 +56,28 @@ class GenerationConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        # Type checks first: a string or a float here would fail deep in sampling, and NaN
+        # passes every comparison below (`nan < 0` is False).
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be a whole number of at least 1, got {self.max_new_tokens!r}")
+        if not _is_finite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
+        if not _is_finite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ConfigError(f"seed must be a whole number or None, got {self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ConfigError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self.stop = tuple(s for s in self.stop if s)
+
+
+def _is_int(value: object) -> bool:
+    """An int that is not a bool (True would pass as 1 reply token)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    """A real number, not a bool, and neither NaN nor infinite."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

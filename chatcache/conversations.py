@@ -15,6 +15,7 @@ copy in memory that another process has changed since is rebuilt before the turn
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,10 +23,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from storage import Fact, SessionHead, SessionStore, StaleVersionError
+from storage import Message as StoredMessage
 
 from .prompt import Message, RenderedSegments
 
 CONTEXT_START = "context_start"  # state key: conversation messages before the prompt window
+
+log = logging.getLogger("chatcache")
 
 
 @dataclass
@@ -50,6 +54,23 @@ class Conversation:
         return ([self.system] if self.system else []) + self.turns[begin:]
 
 
+def _window_start(session_id: str, stored: object, turns: int) -> int:
+    """Where the prompt window starts, from the stored state; an unusable value starts it at 0.
+
+    Starting at 0 loses nothing: laying out the next prompt drops the oldest turns again until
+    it fits. A valid start is an even count (whole turns), at most the turns there are.
+    """
+    if type(stored) is int and stored >= 0 and stored % 2 == 0:
+        return min(stored, turns)
+    log.warning(
+        "session %r: stored %s %r is not an even count of messages >= 0; starting the window at 0",
+        session_id,
+        CONTEXT_START,
+        stored,
+    )
+    return 0
+
+
 def render_facts(system_prompt: str | None, facts: list[Fact]) -> str | None:
     """The system message: the bot's prompt, then what the session has confirmed, in a stable order."""
     if not facts:
@@ -60,13 +81,20 @@ def render_facts(system_prompt: str | None, facts: list[Fact]) -> str | None:
 
 
 class Conversations:
-    """Loads, records and forgets conversations for one bot and user."""
+    """Loads, records and forgets conversations for one bot and user.
 
-    def __init__(self, store: SessionStore, bot: str, user_id: str, system_prompt: str | None) -> None:
+    `vocab_size` bounds the token ids a stored reply may carry (the model's embedding rows);
+    without it only their type and sign are checked.
+    """
+
+    def __init__(
+        self, store: SessionStore, bot: str, user_id: str, system_prompt: str | None, *, vocab_size: int | None = None
+    ) -> None:
         self.store = store
         self.bot = bot
         self.user_id = user_id
         self.system_prompt = system_prompt
+        self.vocab_size = vocab_size
         self._loaded: dict[str, Conversation] = {}
         self._lock = threading.Lock()
 
@@ -102,13 +130,12 @@ class Conversations:
                 question = asked.pop(record.reply_to if record.reply_to is not None else pending or -1, None)
                 pending = None
                 if question is not None:
-                    ids = (record.meta or {}).get("token_ids")
-                    turns += [question, Message("assistant", record.content, tuple(ids) if ids else None)]
+                    turns += [question, Message("assistant", record.content, self._generated_ids(record))]
         last_seq = records[-1].seq if records else 0
         conversation = Conversation(
             session_id, system=None, turns=turns, facts=facts, state=dict(state), version=version, last_seq=last_seq
         )
-        conversation.context_start = min(int(state.get(CONTEXT_START, 0)), len(turns))
+        conversation.context_start = _window_start(session_id, state.get(CONTEXT_START, 0), len(turns))
         self._set_system(conversation)
         return conversation
 
@@ -144,6 +171,28 @@ class Conversations:
         """
         session = self.store.get_session(session_id)
         return self._rebuild(session_id, session.state, session.version)
+
+    def _generated_ids(self, record: StoredMessage) -> tuple[int, ...] | None:
+        """The ids a stored reply was generated as, or None to encode its text instead.
+
+        The text is the record of what was said; the ids only let the token tier see the reply
+        exactly as generated. Ids the model cannot take (a tampered row, another model's
+        vocabulary) would crash it mid-forward, so they are dropped with a warning and the text
+        is encoded: the conversation goes on, losing only that reply's exact tokenization.
+        """
+        ids = (record.meta or {}).get("token_ids")
+        if not ids:
+            return None
+        bound = self.vocab_size
+        if isinstance(ids, list) and all(type(i) is int and 0 <= i and (bound is None or i < bound) for i in ids):
+            return tuple(ids)
+        log.warning(
+            "session %r message %d: its stored token ids are not ids of this model; using its text instead",
+            record.session_id,
+            record.seq,
+        )
+        return None
+
 
     def _set_system(self, conversation: Conversation) -> None:
         content = render_facts(self.system_prompt, conversation.facts)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dialog import BotDefinition, load_bot
 from storage import ChatSession, SessionStore
+from storage.rules import text_problem
 
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .conversations import Conversation, Conversations
@@ -92,7 +93,8 @@ class ChatEngine:
             store = SessionStore(store) if store else SessionStore.open(default_data_dir())
         self.store = store
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
-        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt)
+        vocab_size = int(self.chat_model.model.config.vocab_size)  # the ids a stored reply may hold
+        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt, vocab_size=vocab_size)
         self.turn_tier = TurnTier(turn_tier)
         needs_embedder = bool(drift) or self.bot is not None or bool(answer_cache)
         self._embed = (
@@ -169,8 +171,10 @@ class ChatEngine:
         """Answer `text`, yielding text pieces as tokens are generated.
 
         Raises:
-            InvalidMessageError: empty text (at once), or a message that cannot fit the context
-                window (when iteration starts). Nothing is recorded either way.
+            InvalidMessageError: empty text or text no database can store (at once), or a
+                message that cannot fit the context window (when iteration starts). Nothing is
+                recorded either way; a new session is not even created.
+            ConfigError: a decoding setting that can never work (at once).
         """
         params = GenerationConfig(
             max_new_tokens=max_new_tokens,
@@ -181,6 +185,7 @@ class ChatEngine:
         )
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
+        _check_storable(text)
         holder: list[Reply] = []
         pieces = self._counted(self._run_turn(session_id, text, params, holder))
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
@@ -264,12 +269,16 @@ class ChatEngine:
         self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]
     ) -> Generator[str, None, None]:
         started = time.perf_counter()
+        user = Message("user", text)
+        # Checked before the session is opened, so a refused first message creates nothing; a
+        # new session's system message is the bot's prompt alone (it has no facts yet).
+        bare_system = Message("system", self.system_prompt) if self.system_prompt else None
+        self._check_fits(bare_system, user, params.max_new_tokens)
         conversation = self.conversations.open(session_id, create=True)
         with conversation.lock, self.conversations.turn(conversation) as rebuilt:
             if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
                 self._release_derived(session_id)
-            user = Message("user", text)
-            self._check_fits(conversation, user, params.max_new_tokens)
+            self._check_fits(conversation.system, user, params.max_new_tokens)  # with the session's facts
             tokens = len(self.renderer.encode_text(text))
             user_seq = self.conversations.record_user(conversation, text, tokens)
             turn_id = f"{session_id}:{user_seq}"
@@ -339,10 +348,9 @@ class ChatEngine:
                 )
             )
 
-    def _check_fits(self, conversation: Conversation, user: Message, max_new_tokens: int) -> None:
+    def _check_fits(self, system: Message | None, user: Message, max_new_tokens: int) -> None:
         """Refuse a message that cannot fit the context window even with no history."""
-        system = [conversation.system] if conversation.system else []
-        alone = self.renderer.conversation_ids([*system, user], RenderedSegments())
+        alone = self.renderer.conversation_ids([*([system] if system else []), user], RenderedSegments())
         if len(alone) > self.context_window - max_new_tokens:
             raise InvalidMessageError(
                 f"The message is {len(alone) - len(self._system_ids)} tokens; with the system prompt "
@@ -370,3 +378,10 @@ class ChatEngine:
         # The user's segment is not memoized: if this turn fails, another message takes its place.
         del conversation.segments.ids[len(conversation.window()):]
         return prompt, start // 2
+
+
+def _check_storable(text: str) -> None:
+    """Refuse a message the session tier could not record, before anything is recorded."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise InvalidMessageError(f"The message {problem}: remove that character and send it again.")

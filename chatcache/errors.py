@@ -4,11 +4,19 @@ Every error says what was wrong and what to do; none of them leaves a session ha
 Session errors come from the session tier (`storage`) and are re-exported here.
 """
 
-from storage.errors import SessionClosedError, StorageError, UnknownSessionError
+from storage.errors import (
+    CorruptDatabaseError,
+    InvalidIdError,
+    SessionClosedError,
+    StorageError,
+    UnknownSessionError,
+)
 
 __all__ = [
     "ChatCacheError",
     "ConfigError",
+    "CorruptDatabaseError",
+    "InvalidIdError",
     "InvalidMessageError",
     "ModelNotFoundError",
     "SessionClosedError",
@@ -26,7 +34,8 @@ class ModelNotFoundError(ChatCacheError, ValueError):
 
 
 class InvalidMessageError(ChatCacheError, ValueError):
-    """A user message that cannot be answered: empty, or longer than the context window."""
+    """A user message that cannot be answered: empty, longer than the context window, or
+    holding a character no database can store (a NUL, a lone surrogate)."""
 
 
 class ConfigError(ChatCacheError, ValueError):

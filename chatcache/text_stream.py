@@ -25,9 +25,12 @@ class TextStream:
     def add(self, token_id: int) -> str:
         """Add a token; return the text that became safe to show (may be empty)."""
         self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        text = str(self._tokenizer.decode(self._ids, skip_special_tokens=True))
         if text.endswith("\ufffd"):
             return ""  # an incomplete multi-byte character: wait for the next token
+        # A NUL is no text to show, and the session tier refuses it on every backend (PostgreSQL
+        # cannot store it): like a byte that is not UTF-8, it shows as U+FFFD.
+        text = text.replace("\x00", "\ufffd")
         self.text = text
         for stop in self._stop:
             index = text.find(stop)

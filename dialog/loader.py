@@ -4,6 +4,10 @@ Pydantic reports where a value is wrong as a path (`("intents", 1, "examples")`)
 editing YAML wants a line number. We compose the YAML into its node tree, whose nodes carry
 their position, and walk the same path through it. When the path ends at a key that is not
 there (a missing field) we point at the mapping that should have held it.
+
+YAML aliases (`*name`) are refused: a few nested ones expand a tiny file into billions of
+values ("billion laughs"), every walk over the tree follows them, and a bot file never needs
+them (an error in an aliased value would name the anchor's line, not the line at fault).
 """
 
 from __future__ import annotations
@@ -48,8 +52,12 @@ def load_bot(path: str | Path) -> BotDefinition:
 def parse_bot(text: str, source: str = "<bot>") -> BotDefinition:
     """Validate a bot definition given as YAML text; `source` names it in error messages."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data: Any = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=_BotLoader)
+        data: Any = yaml.load(text, Loader=_BotLoader)
+    except _AliasRefused as exc:
+        raise BotDefinitionError(
+            [f"{source} line {exc.line}: YAML alias *{exc.anchor} is not allowed in a bot file; write the value out in full"]
+        ) from exc
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -67,6 +75,26 @@ def parse_bot(text: str, source: str = "<bot>") -> BotDefinition:
     if problems:
         raise BotDefinitionError(problems)
     return bot
+
+
+class _AliasRefused(Exception):
+    """An alias met while composing; raised before anything expands it."""
+
+    def __init__(self, anchor: str, line: int) -> None:
+        super().__init__(anchor)
+        self.anchor = anchor
+        self.line = line
+
+
+class _BotLoader(yaml.SafeLoader):  # type: ignore[misc]  # untyped base
+    """PyYAML's safe loader, refusing aliases as it meets them: no file expands past its own size."""
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _AliasRefused(event.anchor, event.start_mark.line + 1)
+        node: yaml.Node = super().compose_node(parent, index)
+        return node
 
 
 def _resolve(path: str | Path) -> Path:

@@ -13,6 +13,9 @@ This package never imports the engine, dialogue or app layers.
 """
 
 from storage.errors import (
+    CorruptDatabaseError,
+    InvalidIdError,
+    InvalidTextError,
     LeaseLostError,
     SchemaVersionError,
     SessionBusyError,
@@ -39,8 +42,11 @@ __all__ = [
     "SessionHead",
     "DEFAULT_TTL",
     "ChatSession",
+    "CorruptDatabaseError",
     "Fact",
     "FactKind",
+    "InvalidIdError",
+    "InvalidTextError",
     "Message",
     "Role",
     "SchemaVersionError",

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import URL
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.engine import create_storage_engine, describe, is_busy
-from storage.errors import StorageBusyError, StorageConfigError
+from storage.engine import create_storage_engine, describe, is_busy, is_corrupt
+from storage.errors import CorruptDatabaseError, StorageBusyError, StorageConfigError
 from storage.migrations import migrate
 
 
@@ -30,6 +30,7 @@ class Database:
         StorageConfigError: The URL is unusable or the database cannot be opened.
         StorageBusyError: Another writer held the database during migration.
         SchemaVersionError: The database was written by a newer schema.
+        CorruptDatabaseError: The database file is damaged or not a database.
     """
 
     def __init__(self, url: str | URL, busy_timeout: float) -> None:
@@ -53,13 +54,16 @@ class Database:
 
         Raises:
             StorageBusyError: Another writer held the lock past the busy timeout.
+            CorruptDatabaseError: The file turned out damaged, on opening or any later read.
         """
         try:
             with self._sessions.begin() as db:
                 yield db
-        except OperationalError as exc:
+        except DatabaseError as exc:  # OperationalError ("database is locked") is one too
             if is_busy(exc):
                 raise StorageBusyError(self.location) from exc
+            if is_corrupt(exc):
+                raise CorruptDatabaseError(self.location, str(exc.orig)) from exc
             raise
 
     def close(self) -> None:

@@ -111,3 +111,11 @@ def _tune_sqlite(engine: Engine, busy_timeout: float) -> None:
 def is_busy(exc: DBAPIError) -> bool:
     """Tell whether `exc` means another writer held the lock past the busy timeout."""
     return "database is locked" in str(exc.orig)
+
+
+def is_corrupt(exc: DBAPIError) -> bool:
+    """Tell whether `exc` means the SQLite file is damaged or is not a database at all."""
+    # SQLITE_NOTADB: not a database (random bytes, another format); SQLITE_CORRUPT and its
+    # extended codes: a damaged or truncated file.
+    name = getattr(exc.orig, "sqlite_errorname", "")
+    return isinstance(name, str) and name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))

@@ -116,3 +116,38 @@ class LeaseLostError(StorageError):
             "its reply was not recorded, ask again"
         )
         self.session_id = session_id
+
+
+class CorruptDatabaseError(StorageError):
+    """The database file is damaged, or is not a SQLite database at all.
+
+    Nothing was written to it; chatcache never tries to repair or overwrite such a file.
+    """
+
+    def __init__(self, location: str, detail: str) -> None:
+        super().__init__(
+            f"database {location} is damaged or not a chatcache database ({detail}); "
+            "move the file away to start with an empty one, or restore it from a backup"
+        )
+        self.location = location
+
+
+class InvalidIdError(StorageError, ValueError):
+    """A session, user or bot id that breaks the one rule every backend can keep alike.
+
+    It is also a `ValueError`, as the empty session id always was.
+    """
+
+    def __init__(self, what: str, value: object, problem: str) -> None:
+        shown = value[:40] + "..." if isinstance(value, str) and len(value) > 40 else value
+        super().__init__(f"{what} {shown!r} {problem}; use 1 to 128 printable characters")
+        self.what = what
+        self.value = value
+
+
+class InvalidTextError(StorageError, ValueError):
+    """Text that some database cannot store (a NUL, a lone surrogate) or too long for its field."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        super().__init__(f"{what} {problem}; nothing was written")
+        self.what = what

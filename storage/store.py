@@ -36,6 +36,7 @@ from storage.errors import (
 )
 from storage.models import FactRow, MessageRow, SessionRow
 from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+from storage.rules import ID_LENGTH, TITLE_LENGTH, check_id, check_text
 
 DEFAULT_TTL = timedelta(hours=24)
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -71,6 +72,11 @@ class SessionStore:
         StorageConfigError: The URL is unusable or the database cannot be opened.
         StorageBusyError: Another process held the database during migration.
         SchemaVersionError: The database was written by a newer chatcache.
+        CorruptDatabaseError: The database file is damaged or not a database.
+
+    Every method checks its ids and text against `storage.rules` before it touches the
+    database, raising `InvalidIdError` or `InvalidTextError`, so a value one backend would
+    refuse is refused alike on all of them and nothing is half-written.
     """
 
     def __init__(
@@ -159,9 +165,10 @@ class SessionStore:
 
         Raises:
             SessionExistsError: `session_id` is taken.
+            InvalidIdError: An id breaks the rule in `storage.rules`.
+            InvalidTextError: `title` holds a NUL or a lone surrogate, or is too long.
         """
-        if not session_id:
-            raise ValueError("session_id must be a non-empty string")
+        _check_new_session(session_id, user_id, bot, title)
         now = self._clock()
         row = SessionRow(
             id=session_id,
@@ -189,6 +196,7 @@ class SessionStore:
         Raises:
             UnknownSessionError: No session has this id.
         """
+        check_id("session id", session_id)
         with self._db.transaction() as db:
             return self._require(db, session_id).record()
 
@@ -240,6 +248,8 @@ class SessionStore:
 
     def rename_session(self, session_id: str, title: str | None) -> ChatSession:
         """Set the display title; not activity, so order and expiry stay as they were."""
+        if title is not None:
+            check_text("session title", title, TITLE_LENGTH)
         return self._set(session_id, title=title)
 
     def end_session(self, session_id: str) -> ChatSession:
@@ -252,6 +262,7 @@ class SessionStore:
         Raises:
             UnknownSessionError: No session has this id.
         """
+        check_id("session id", session_id)
         with self._db.transaction() as db:
             if _changed(db, delete(SessionRow).where(SessionRow.id == session_id)) == 0:
                 raise UnknownSessionError(session_id)
@@ -274,6 +285,7 @@ class SessionStore:
             SessionClosedError: The session has ended or expired.
             UnknownSessionError: No session has this id.
         """
+        check_id("session id", session_id)
         now = self._clock()
         with self._db.transaction() as db:
             # Compare-and-set: the WHERE clause is the lock, so no read can go stale.
@@ -371,6 +383,8 @@ class SessionStore:
             LeaseLostError: `lease` was given and another holder has the session now.
             UnknownSessionError: No session has this id.
         """
+        check_id("session id", session_id)
+        check_text("message", content)
         role = Role(role)
         if token_count < 0:
             raise ValueError(f"token_count must be >= 0, got {token_count}")
@@ -400,6 +414,7 @@ class SessionStore:
         Raises:
             UnknownSessionError: No session has this id.
         """
+        check_id("session id", session_id)
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         query = (
@@ -440,6 +455,9 @@ class SessionStore:
             SessionClosedError: The session has ended or expired.
             UnknownSessionError: No session has this id.
         """
+        check_id("session id", session_id)
+        check_text("fact name", name, ID_LENGTH)
+        check_text("fact value", value)
         kind = FactKind(kind)
         if not 0.0 <= confidence <= 1.0:
             raise ValueError(f"confidence must be within [0, 1], got {confidence}")
@@ -467,6 +485,7 @@ class SessionStore:
         Raises:
             UnknownSessionError: No session has this id.
         """
+        check_id("session id", session_id)
         query = (
             select(FactRow)
             .where(FactRow.session_id == session_id)
@@ -499,6 +518,7 @@ class SessionStore:
             raise LeaseLostError(session_id)
 
     def _set(self, session_id: str, **values: Any) -> ChatSession:
+        check_id("session id", session_id)
         with self._db.transaction() as db:
             changed = _changed(
                 db, update(SessionRow).where(SessionRow.id == session_id).values(**values)
@@ -508,8 +528,18 @@ class SessionStore:
             return self._require(db, session_id).record()
 
 
+def _check_new_session(session_id: str, user_id: str, bot: str, title: str | None) -> None:
+    """The rules a session's row must meet on every backend, checked before it is written."""
+    check_id("session id", session_id)
+    check_id("user id", user_id)
+    check_id("bot", bot)
+    if title is not None:
+        check_text("session title", title, TITLE_LENGTH)
+
+
 def _filtered(query: _Query, user_id: str | None, status: SessionStatus | str | None) -> _Query:
     if user_id is not None:
+        check_id("user id", user_id)
         query = query.where(SessionRow.user_id == user_id)
     if status is not None:
         query = query.where(SessionRow.status == SessionStatus(status))

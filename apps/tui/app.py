@@ -23,7 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, OptionList
 
-from chatcache import ChatEngine, Reply, ReplyStream
+from chatcache import ChatEngine, Reply, ReplyStream, StorageError
 
 from .export import export_session
 from .screens import AskScreen, ConfirmScreen, HelpScreen, RenameScreen
@@ -161,7 +161,11 @@ class ChatApp(App[int]):
 
         def rename(title: str | None) -> None:
             if title is not None:
-                self.engine.store.rename_session(self.session_id, title or None)
+                try:
+                    self.engine.store.rename_session(self.session_id, title or None)
+                except StorageError as exc:  # a title too long, or with a character no database stores
+                    self.notify(str(exc), title="Not renamed", severity="warning")
+                    return
                 self.refresh_sessions()
                 self.sub_title = f"{title or self.session_id} · bot: {self.engine.conversations.bot}"
 

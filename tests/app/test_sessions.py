@@ -107,3 +107,19 @@ async def test_a_restarted_app_lists_every_session_with_history_and_reuses_cache
         await settle(pilot)
         assert "tier      disk" in str(app.query_one("#turn-stats").render())
     second.close()
+
+
+async def test_a_title_too_long_to_store_is_refused_with_a_notice(engine, make_app, settle, notices) -> None:  # type: ignore[no-untyped-def]
+    """A 201-character title: a warning that names the limit, and the session keeps its old name."""
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        seen = notices(app)
+        await pilot.press(*"hello", "enter")
+        await settle(pilot)
+        await pilot.press("f2")
+        await pilot.pause()
+        await pilot.press(*("t" * 201), "enter")
+        await pilot.pause()
+        assert seen == [("session title is 201 characters long, over the limit of 200; nothing was written", "warning")]
+        assert engine.store.get_session("s-1").title is None
+        assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "s-1"
