@@ -16,6 +16,7 @@ from .errors import (
 from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message
 from .reply import Reply, ReplyStream, TurnStats
+from .residency import MemoryConfig
 from .token_tier import TokenTierStats
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "DriftConfig",
     "GenerationConfig",
     "InvalidMessageError",
+    "MemoryConfig",
     "Message",
     "ModelNotFoundError",
     "Reply",

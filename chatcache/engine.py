@@ -31,6 +31,7 @@ from .model_runner import ModelRunner
 from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message, PromptRenderer, RenderedSegments
 from .reply import Reply, ReplyStream, TurnStats
+from .residency import MemoryConfig, ResidentSessions
 from .token_tier import TokenTier, TokenTierStats
 from .turn_tier import TurnTier, TurnTierConfig
 
@@ -60,6 +61,7 @@ class ChatEngine:
         tenant: answers are never shared across tenants.
         prefetch: with the answer cache, answer the likely next question in the background
             while idle (ACPC), learned from the conversations in the session tier.
+        memory: how many sessions, idle for how long, keep their state in memory.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class ChatEngine:
         turn_tier: TurnTierConfig | None = None,
         tenant: str = "default",
         prefetch: bool = False,
+        memory: MemoryConfig | None = None,
     ) -> None:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
@@ -92,7 +95,8 @@ class ChatEngine:
             store = SessionStore(store) if store else SessionStore.open(default_data_dir())
         self.store = store
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
-        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt)
+        self.resident = ResidentSessions(memory or MemoryConfig(), self._unload_session, self.expire_sessions)
+        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt, self.resident.touch)
         self.turn_tier = TurnTier(turn_tier)
         needs_embedder = bool(drift) or self.bot is not None or bool(answer_cache)
         self._embed = (
@@ -220,8 +224,21 @@ class ChatEngine:
         """Free what a session holds in memory and on disk (it ended or expired)."""
         self.conversations.forget(session_id)
         self.token_tier.drop(session_id)
+        self._release_topic(session_id)
+        self.resident.forget(session_id)
+
+    def _unload_session(self, session_id: str) -> bool:
+        """Let go of an idle session's memory (its KV goes to disk); False while a turn holds it."""
+
+        def release() -> None:
+            self.token_tier.unload(session_id)
+            self._release_topic(session_id)
+
+        return self.conversations.unload(session_id, release)
+
+    def _release_topic(self, session_id: str) -> None:
         if self.coordinator is not None:
-            self.coordinator.release(session_id)
+            self.coordinator.release(session_id)  # drift history and turn tier
         else:
             self.turn_tier.invalidate(session_id)
 
@@ -260,8 +277,7 @@ class ChatEngine:
         self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]
     ) -> Generator[str, None, None]:
         started = time.perf_counter()
-        conversation = self.conversations.open(session_id, create=True)
-        with conversation.lock:
+        with self.conversations.hold(session_id, create=True) as conversation:
             user = Message("user", text)
             self._check_fits(conversation, user, params.max_new_tokens)
             tokens = len(self.chat_model.tokenizer.encode(text, add_special_tokens=False))

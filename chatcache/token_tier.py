@@ -180,6 +180,16 @@ class TokenTier:
         if self._spill is not None:
             self._spill.discard(session_id)
 
+    def unload(self, session_id: str) -> None:
+        """Let go of an idle session's memory: its KV to disk when there is a spill dir, its heat.
+
+        A session in a turn is checked out, not in memory here: its checkin keeps it as usual.
+        """
+        with self._lock:
+            if session_id in self._sessions:
+                self._evict(session_id)
+            self._heat.pop(session_id, None)
+
     def spill_all(self) -> int:
         """Write every idle session to disk (at shutdown), so the next process restores them.
 
