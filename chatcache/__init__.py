@@ -18,6 +18,7 @@ from .errors import (
 from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message
 from .reply import Reply, ReplyStream, TurnStats
+from .residency import MemoryConfig
 from .token_tier import TokenTierStats
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "GenerationConfig",
     "InvalidIdError",
     "InvalidMessageError",
+    "MemoryConfig",
     "Message",
     "ModelNotFoundError",
     "Reply",

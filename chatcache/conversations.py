@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -84,17 +84,26 @@ class Conversations:
     """Loads, records and forgets conversations for one bot and user.
 
     `vocab_size` bounds the token ids a stored reply may carry (the model's embedding rows);
-    without it only their type and sign are checked.
+    without it only their type and sign are checked. `on_open` hears of every session opened,
+    so the engine can bound what is in memory.
     """
 
     def __init__(
-        self, store: SessionStore, bot: str, user_id: str, system_prompt: str | None, *, vocab_size: int | None = None
+        self,
+        store: SessionStore,
+        bot: str,
+        user_id: str,
+        system_prompt: str | None,
+        *,
+        vocab_size: int | None = None,
+        on_open: Callable[[str], None] = lambda session_id: None,
     ) -> None:
         self.store = store
         self.bot = bot
         self.user_id = user_id
         self.system_prompt = system_prompt
         self.vocab_size = vocab_size
+        self._on_open = on_open
         self._loaded: dict[str, Conversation] = {}
         self._lock = threading.Lock()
 
@@ -104,6 +113,7 @@ class Conversations:
         Raises:
             UnknownSessionError: `create` is false and the session does not exist.
         """
+        self._on_open(session_id)
         with self._lock:
             loaded = self._loaded.get(session_id)
             if loaded is not None:
@@ -260,3 +270,41 @@ class Conversations:
         """Drop the in-memory copy; the next turn rebuilds it from the database."""
         with self._lock:
             self._loaded.pop(session_id, None)
+
+    @contextmanager
+    def hold(self, session_id: str, create: bool) -> Iterator[Conversation]:
+        """The conversation of `session_id` with its lock held: one turn at a time, on the copy in memory.
+
+        A copy dropped while this waited for its lock (let go of, or forgotten after a failed
+        write) is not used: a later turn would rebuild another and run beside this one.
+        """
+        while True:
+            conversation = self.open(session_id, create)
+            with conversation.lock:
+                with self._lock:
+                    current = self._loaded.get(session_id) is conversation
+                if current:
+                    yield conversation
+                    return
+
+    def unload(self, session_id: str, release: Callable[[], None]) -> bool:
+        """Drop an idle conversation from memory and call `release` while no turn can start on it.
+
+        Returns False, having done nothing, while a turn holds the conversation.
+        """
+        with self._lock:
+            conversation = self._loaded.get(session_id)
+        if conversation is None:
+            release()
+            return True
+        if not conversation.lock.acquire(blocking=False):
+            return False
+        try:
+            with self._lock:
+                if self._loaded.get(session_id) is not conversation:
+                    return False  # rebuilt meanwhile: a turn may hold the new copy
+                del self._loaded[session_id]
+            release()
+        finally:
+            conversation.lock.release()
+        return True

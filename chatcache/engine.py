@@ -32,6 +32,7 @@ from .model_runner import ModelRunner
 from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message, PromptRenderer, RenderedSegments
 from .reply import Reply, ReplyStream, TurnStats
+from .residency import MemoryConfig, ResidentSessions
 from .token_tier import TokenTier, TokenTierStats
 from .turn_tier import TurnTier, TurnTierConfig
 
@@ -61,6 +62,7 @@ class ChatEngine:
         tenant: answers are never shared across tenants.
         prefetch: with the answer cache, answer the likely next question in the background
             while idle (ACPC), learned from the conversations in the session tier.
+        memory: how many sessions, idle for how long, keep their state in memory.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class ChatEngine:
         turn_tier: TurnTierConfig | None = None,
         tenant: str = "default",
         prefetch: bool = False,
+        memory: MemoryConfig | None = None,
     ) -> None:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
@@ -94,7 +97,10 @@ class ChatEngine:
         self.store = store
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
         vocab_size = int(self.chat_model.model.config.vocab_size)  # the ids a stored reply may hold
-        self.conversations = Conversations(store, bot_name, user_id, self.system_prompt, vocab_size=vocab_size)
+        self.resident = ResidentSessions(memory or MemoryConfig(), self._unload_session, self.expire_sessions)
+        self.conversations = Conversations(
+            store, bot_name, user_id, self.system_prompt, vocab_size=vocab_size, on_open=self.resident.touch
+        )
         self.turn_tier = TurnTier(turn_tier)
         needs_embedder = bool(drift) or self.bot is not None or bool(answer_cache)
         self._embed = (
@@ -225,12 +231,21 @@ class ChatEngine:
         """Free what a session holds in memory and on disk (it ended or expired)."""
         self.conversations.forget(session_id)
         self.token_tier.drop(session_id)
-        self._release_derived(session_id)
+        self._release_topic(session_id)
+        self.resident.forget(session_id)
 
-    def _release_derived(self, session_id: str) -> None:
-        """Drop the turn-tier entries and drift history computed from the session's turns."""
+    def _unload_session(self, session_id: str) -> bool:
+        """Let go of an idle session's memory (its KV goes to disk); False while a turn holds it."""
+
+        def release() -> None:
+            self.token_tier.unload(session_id)
+            self._release_topic(session_id)
+
+        return self.conversations.unload(session_id, release)
+
+    def _release_topic(self, session_id: str) -> None:
         if self.coordinator is not None:
-            self.coordinator.release(session_id)
+            self.coordinator.release(session_id)  # drift history and turn tier
         else:
             self.turn_tier.invalidate(session_id)
 
@@ -274,10 +289,12 @@ class ChatEngine:
         # new session's system message is the bot's prompt alone (it has no facts yet).
         bare_system = Message("system", self.system_prompt) if self.system_prompt else None
         self._check_fits(bare_system, user, params.max_new_tokens)
-        conversation = self.conversations.open(session_id, create=True)
-        with conversation.lock, self.conversations.turn(conversation) as rebuilt:
+        with (
+            self.conversations.hold(session_id, create=True) as conversation,
+            self.conversations.turn(conversation) as rebuilt,
+        ):
             if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
-                self._release_derived(session_id)
+                self._release_topic(session_id)
             self._check_fits(conversation.system, user, params.max_new_tokens)  # with the session's facts
             tokens = len(self.renderer.encode_text(text))
             user_seq = self.conversations.record_user(conversation, text, tokens)

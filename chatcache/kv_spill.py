@@ -6,22 +6,34 @@ template) makes `load` return None so the turn recomputes: a spilled file can ma
 slower, never wrong. Optionally KV is stored as int8 with one scale per (layer, head,
 position), about 3.9x smaller on float32 models and not bit-exact on restore.
 Never pickle: a cache file must not be able to run code.
+
+A file is written under a temporary name and renamed into place, so a reader never sees half
+of one. A write that fails (full disk, file size limit, read-only directory) raises `OSError`
+and leaves nothing behind; one cut short by a kill leaves its temporary file, which the next
+store to open the directory deletes. The writer holds an advisory lock on its temporary file,
+so a live writer's file (another thread or process on the same directory) is never taken for
+a leftover; while temporary files exist they count against the disk budget.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 log = logging.getLogger("chatcache")
 FORMAT = "chatcache-kv/1"
+# Temporary names: ours (`<file>.tmp<pid>.<thread>`), and safetensors' own `.tmpXXXXXX`, which
+# earlier versions left when killed while `save_file` wrote.
+TEMPORARY = re.compile(r"[0-9a-f]{32}\.tmp\d+\.\d+|\.tmp[A-Za-z0-9]{6}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class SpillStore:
         self._lock = threading.Lock()
         self.rejected = 0  # files found unusable and deleted
         directory.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
 
     def path(self, session_id: str) -> Path:
         # Session ids are user text: hash them into a safe file name.
@@ -69,7 +82,11 @@ class SpillStore:
         return self.directory / f"{name}.safetensors"
 
     def save(self, session_id: str, ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        """Write a session's KV atomically; returns the file size."""
+        """Write a session's KV atomically; returns the file size.
+
+        Raises:
+            OSError: the file could not be written; nothing of it is left on disk.
+        """
         tensors: dict[str, torch.Tensor] = {"ids": torch.tensor(ids, dtype=torch.int64)}
         dtype = layers[0][0].dtype
         for index, (keys, values) in enumerate(layers):
@@ -88,12 +105,20 @@ class SpillStore:
             "layers": str(len(layers)),
             "sha256": _checksum(tensors),
         }
+        data = save(tensors, metadata=metadata)  # in memory: the write below is the only I/O
         target = self.path(session_id)
         staging = target.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        save_file(tensors, str(staging), metadata=metadata)
-        staging.replace(target)
+        try:
+            with open(staging, "xb") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)  # held until closed: this file is no leftover
+                handle.write(data)
+                handle.flush()
+                staging.replace(target)
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise
         self._enforce_budget(keep=target)
-        return target.stat().st_size
+        return len(data)
 
     def load(self, session_id: str, device: torch.device) -> SpilledKV | None:
         """Read a session's KV, or None when there is none or it cannot be trusted (then it is deleted)."""
@@ -135,15 +160,48 @@ class SpillStore:
         return SpilledKV(ids=ids, layers=layers)
 
     def discard(self, session_id: str) -> None:
-        self.path(session_id).unlink(missing_ok=True)
+        """Delete a session's file. One that cannot be deleted stays: it is never wrong, since
+        `load` checks it and the token tier reuses only the prefix its ids share with a prompt."""
+        try:
+            self.path(session_id).unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("Could not delete spilled KV %s (%s)", self.path(session_id).name, exc)
+
+    def _remove_leftovers(self) -> None:
+        """Delete temporary files whose writer is gone (killed mid-write): they only take disk."""
+        for path, _, _ in self._files(temporary=True):
+            try:
+                with open(path, "rb") as handle:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a writer holds it
+                    path.unlink()
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                log.warning("Could not delete the leftover spill file %s (%s)", path.name, exc)
+
+    def _files(self, temporary: bool) -> list[tuple[Path, int, int]]:
+        """(path, size, mtime) of the complete or the temporary files, skipping any deleted meanwhile."""
+        found = []
+        for path in self.directory.iterdir():
+            wanted = TEMPORARY.fullmatch(path.name) is not None if temporary else path.suffix == ".safetensors"
+            if not wanted:
+                continue
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue
+            found.append((path, info.st_size, info.st_mtime_ns))
+        return found
 
     def _enforce_budget(self, keep: Path) -> None:
+        """Delete the least recently written files until the directory fits the budget,
+        counting temporary files (which only their writer may delete) but never `keep`."""
         with self._lock:
-            files = sorted(self.directory.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns)
-            total = sum(p.stat().st_size for p in files)
-            for path in files:
+            files = sorted(self._files(temporary=False), key=lambda file: file[2])
+            total = sum(size for _, size, _ in files + self._files(temporary=True))
+            for path, size, _ in files:
                 if total <= self.budget_bytes:
                     break
                 if path != keep:
-                    total -= path.stat().st_size
+                    total -= size
                     path.unlink(missing_ok=True)

@@ -8,13 +8,17 @@ next-token logits come from that forward pass.
 
 Memory is bounded: entries in use are counted with a reservation for the tokens the turn may
 add, and idle sessions are evicted by the same LFU+ policy as the answer cache (frequency with
-latency-aware decay, plus recency), to disk when a spill directory is set. Shared prefixes
-are copied, never lent: `forward` extends the cache it is given.
+latency-aware decay, plus recency), to disk when a spill directory is set. A spill is an
+optimisation: one that fails (full disk, ...) is logged and the KV dropped, so the session's
+next turn recomputes it; the turn that caused it goes on. A session's heat is kept only while
+its KV is in memory or on disk. Shared prefixes are copied, never lent: `forward` extends the
+cache it is given.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -31,6 +35,7 @@ from .config import TokenTierConfig
 from .kv_spill import SpillStore
 
 Prefill = Callable[[list[int], DynamicCache], None]
+log = logging.getLogger("chatcache")
 
 
 @dataclass
@@ -61,6 +66,7 @@ class TokenTierStats:
     prefixes: int = 0
     evictions: int = 0
     spills: int = 0
+    failed_spills: int = 0
     restores: int = 0
     failed_restores: int = 0
     hits: dict[str, int] = field(default_factory=dict)
@@ -174,15 +180,28 @@ class TokenTier:
         if self._spill is not None:
             self._spill.discard(session_id)
 
+    def unload(self, session_id: str) -> None:
+        """Let go of an idle session's memory: its KV to disk when there is a spill dir, its heat.
+
+        A session in a turn is checked out, not in memory here: its checkin keeps it as usual.
+        """
+        with self._lock:
+            if session_id in self._sessions:
+                self._evict(session_id)
+            self._heat.pop(session_id, None)
+
     def spill_all(self) -> int:
-        """Write every idle session to disk (at shutdown), so the next process restores them."""
+        """Write every idle session to disk (at shutdown), so the next process restores them.
+
+        Returns how many were written; one that fails is logged and recomputed when needed.
+        """
         if self._spill is None:
             return 0
         with self._lock:
-            idle = list(self._sessions)  # a session in a turn is checked out, not in `_sessions`
-            for session_id in idle:
+            written = self._stats.spills
+            for session_id in list(self._sessions):  # a session in a turn is checked out, not here
                 self._evict(session_id)
-        return len(idle)
+            return self._stats.spills - written
 
     def clear(self) -> None:
         """Drop every session and prefix from memory (spilled files stay valid)."""
@@ -220,9 +239,19 @@ class TokenTier:
     def _evict(self, session_id: str) -> None:
         entry = self._sessions.pop(session_id)
         self._stats.evictions += 1
-        if self._spill is not None:
+        if self._spill is None or not self._spill_entry(session_id, entry):
+            self._heat.pop(session_id, None)  # nothing left to be hot about
+
+    def _spill_entry(self, session_id: str, entry: KVEntry) -> bool:
+        assert self._spill is not None
+        try:
             self._spill.save(session_id, entry.ids, kv.to_tensors(entry.cache))
-            self._stats.spills += 1
+        except OSError as exc:
+            log.warning("Could not spill a session's KV to %s (%s); its next turn recomputes it", self._spill.directory, exc)
+            self._stats.failed_spills += 1
+            return False
+        self._stats.spills += 1
+        return True
 
     def _restore(self, session_id: str) -> KVEntry | None:
         assert self._spill is not None

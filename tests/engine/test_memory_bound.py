@@ -1,0 +1,243 @@
+"""The engine bounds per-session state in memory by itself: by count and by idle time.
+
+A session let go of continues on its next turn exactly like the uncached path: rebuilt from
+the session tier, its KV restored from disk (or recomputed). A session in a turn in another
+thread is never let go of.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from chatcache import ConfigError, MemoryConfig, TokenTierConfig
+from chatcache.residency import ResidentSessions
+
+SYSTEM = "You are a test bot."
+TEXTS = ["Hello there", "Book a table for two", "What about Paris?"]
+
+
+def per_session_sizes(engine) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """Every structure that holds something per session, by its number of sessions."""
+    return {
+        "conversations": len(engine.conversations._loaded),
+        "drift topics": len(engine.coordinator.drift._topics),
+        "turn tier": len(engine.turn_tier._sessions),
+        "token tier KV": len(engine.token_tier._sessions),
+        "token tier heat": len(engine.token_tier._heat),
+        "tracked": len(engine.resident),
+    }
+
+
+def test_many_sessions_keep_every_per_session_structure_within_the_bound(  # type: ignore[no-untyped-def]
+    make_engine, tiny_model, toy_embed, tmp_path: Path
+) -> None:
+    """120 sessions under a bound of 20. Past the bound, Python memory stops growing: traced
+    with tracemalloc from session 40 (so that by session 60 the sessions in memory are all
+    traced ones), the last 60 sessions add under 64 KiB (measured: about 30 KiB, one-off),
+    where without the bound they add about 0.6 MiB (conversations, drift topics, turn-tier
+    entries, heat) besides their KV."""
+    bound, sessions = 20, 120
+    engine = make_engine(
+        tiny_model,
+        system_prompt=SYSTEM,
+        drift=True,
+        embedder=toy_embed,
+        token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"),
+        memory=MemoryConfig(max_sessions_in_memory=bound),
+    )
+    traced: dict[int, int] = {}
+    kv: dict[int, int] = {}
+    try:
+        for index in range(sessions):
+            if index == 2 * bound:
+                tracemalloc.start()
+            if index in (3 * bound, sessions - 1):
+                gc.collect()  # count what is held, not garbage waiting for the cycle collector
+                traced[index], kv[index] = tracemalloc.get_traced_memory()[0], engine.kv_stats().resident_bytes
+            engine.chat(f"s{index}", TEXTS[index % 3], max_new_tokens=2)
+            sizes = per_session_sizes(engine)
+            assert max(sizes.values()) <= bound, (index, sizes)
+    finally:
+        tracemalloc.stop()
+    assert min(per_session_sizes(engine).values()) == bound  # every structure did hold sessions
+    assert traced[sessions - 1] - traced[3 * bound] < 64 << 10, traced
+    assert kv[sessions - 1] <= kv[3 * bound] * 1.1, kv
+    assert len(engine.sessions()) == sessions  # nothing was ended: the session tier keeps them all
+
+
+def converse(engine, turns: list[tuple[str, str]]) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    return [engine.chat(session, text, max_new_tokens=10).token_ids for session, text in turns]
+
+
+def test_a_session_let_go_of_continues_like_the_uncached_path(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # "a" is the least recently used when "c" opens, so it is let go of before its second turn.
+    turns = [("a", TEXTS[0]), ("b", TEXTS[0]), ("c", TEXTS[1]), ("a", TEXTS[1]), ("a", TEXTS[2])]
+    reference = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+    want = converse(reference, turns)
+    for spill_dir, tier in ((tmp_path / "kv", "disk"), (None, "prefix")):
+        engine = make_engine(
+            tiny_model,
+            system_prompt=SYSTEM,
+            token_tier=TokenTierConfig(spill_dir=spill_dir),
+            memory=MemoryConfig(max_sessions_in_memory=2),
+        )
+        assert converse(engine, turns[:3]) == want[:3]
+        assert "a" not in engine.conversations._loaded and "a" not in engine.token_tier._heat
+        restored = engine.chat("a", TEXTS[1], max_new_tokens=10)
+        assert restored.stats.tier == tier and restored.token_ids == want[3]
+        assert converse(engine, turns[4:]) == want[4:]
+        assert engine.history("a") == reference.history("a")
+
+
+def test_idle_sessions_are_let_go_of_after_the_idle_limit(make_engine, tiny_model, toy_embed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(
+        tiny_model,
+        system_prompt=SYSTEM,
+        drift=True,
+        embedder=toy_embed,
+        token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"),
+        memory=MemoryConfig(idle_seconds=0.5, sweep_every_s=0),
+    )
+    engine.chat("a", TEXTS[0], max_new_tokens=4)
+    engine.chat("b", TEXTS[0], max_new_tokens=4)
+    time.sleep(0.6)
+    engine.chat("c", TEXTS[1], max_new_tokens=4)
+    assert set(engine.conversations._loaded) == {"c"}
+    assert set(engine.token_tier._sessions) == set(engine.token_tier._heat) == {"c"}
+    assert set(engine.turn_tier._sessions) == set(engine.coordinator.drift._topics) == {"c"}
+    assert engine.token_tier._spill.path("a").is_file()  # let go of, not lost
+
+
+def test_a_session_in_a_turn_in_another_thread_is_not_let_go_of(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    reference = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
+    want = converse(reference, [("busy", TEXTS[0]), ("busy", TEXTS[1])])
+    engine = make_engine(
+        tiny_model,
+        system_prompt=SYSTEM,
+        token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"),
+        memory=MemoryConfig(max_sessions_in_memory=2),
+    )
+    mid_turn, others_done = threading.Event(), threading.Event()
+    got: list[list[int]] = []
+
+    def slow_turn() -> None:
+        stream = engine.stream("busy", TEXTS[0], max_new_tokens=10)
+        pieces = iter(stream)
+        next(pieces)  # the turn holds its conversation from here...
+        mid_turn.set()
+        others_done.wait(timeout=60)
+        list(pieces)  # ...to here
+        assert stream.reply is not None
+        got.append(stream.reply.token_ids)
+
+    thread = threading.Thread(target=slow_turn)
+    thread.start()
+    assert mid_turn.wait(timeout=60)
+    for session in ("x", "y", "z"):  # each pushes "busy" past the bound of two
+        engine.chat(session, TEXTS[0], max_new_tokens=4)
+        assert "busy" in engine.conversations._loaded
+    others_done.set()
+    thread.join(timeout=60)
+    assert got == want[:1]
+    assert "x" not in engine.conversations._loaded and "y" not in engine.conversations._loaded
+    assert engine.chat("busy", TEXTS[1], max_new_tokens=10).token_ids == want[1]
+    assert [m.content for m in engine.store.messages("busy") if m.role.value == "user"] == TEXTS[:2]
+
+
+def test_a_turn_waiting_for_a_conversation_dropped_meanwhile_takes_the_rebuilt_one(  # type: ignore[no-untyped-def]
+    make_engine, tiny_model
+) -> None:
+    engine = make_engine(tiny_model, system_prompt=SYSTEM)
+    engine.chat("s", TEXTS[0], max_new_tokens=4)
+    conversations = engine.conversations
+    stale = conversations.open("s", create=False)
+    held: list[object] = []
+    with stale.lock:  # a turn in progress
+        waiter = threading.Thread(target=lambda: held.extend(_hold(conversations)))
+        waiter.start()
+        time.sleep(0.2)  # the waiter has the stale copy and waits for its lock
+        conversations.forget("s")  # dropped (let go of, or after a failed write) while it waits
+    waiter.join(timeout=30)
+    assert held and held[0] is not stale and held[0] is conversations.open("s", create=False)
+
+
+def _hold(conversations) -> list[object]:  # type: ignore[no-untyped-def]
+    with conversations.hold("s", create=False) as conversation:
+        return [conversation]
+
+
+class Calls:
+    """A fake clock and a record of what ResidentSessions asked for."""
+
+    def __init__(self, busy: set[str] | None = None) -> None:
+        self.now = 1000.0
+        self.busy = busy or set()
+        self.unloaded: list[str] = []
+        self.expiries = 0
+
+    def unload(self, session_id: str) -> bool:
+        if session_id in self.busy:
+            return False
+        self.unloaded.append(session_id)
+        return True
+
+    def expire(self) -> None:
+        self.expiries += 1
+
+
+def resident(calls: Calls, **config: float) -> ResidentSessions:
+    return ResidentSessions(MemoryConfig(**config), calls.unload, calls.expire, clock=lambda: calls.now)  # type: ignore[arg-type]
+
+
+def test_the_least_recently_used_sessions_go_beyond_the_count() -> None:
+    calls = Calls()
+    sessions = resident(calls, max_sessions_in_memory=2)
+    for session in ("a", "b", "a", "c", "d"):
+        sessions.touch(session)
+    assert calls.unloaded == ["b", "a"] and len(sessions) == 2
+
+
+def test_idle_sessions_go_at_the_next_sweep_only() -> None:
+    calls = Calls()
+    sessions = resident(calls, idle_seconds=60, sweep_every_s=30)
+    sessions.touch("a")
+    calls.now += 50
+    sessions.touch("b")
+    calls.now += 15  # "a" is idle, but the first sweep is not due yet (30 s after start)
+    sessions.touch("b")
+    assert calls.unloaded == []
+    calls.now += 20
+    sessions.touch("c")
+    assert calls.unloaded == ["a"] and len(sessions) == 2
+
+
+def test_a_busy_session_is_kept_and_tried_again() -> None:
+    calls = Calls(busy={"a"})
+    sessions = resident(calls, max_sessions_in_memory=1)
+    sessions.touch("a")
+    sessions.touch("b")  # "a" is in a turn: kept, as if just used
+    assert calls.unloaded == [] and len(sessions) == 2
+    calls.busy.clear()
+    sessions.touch("c")
+    assert calls.unloaded == ["b", "a"] and len(sessions) == 1
+
+
+def test_the_session_tier_expires_at_a_bounded_rate() -> None:
+    calls = Calls()
+    sessions = resident(calls, expire_every_s=300)
+    for _ in range(10):
+        sessions.touch("a")
+        calls.now += 60
+    assert calls.expiries == 1  # due once, at 300 s; the next would be at 600 s
+
+
+def test_memory_config_refuses_bad_bounds() -> None:
+    for bad in ({"max_sessions_in_memory": 0}, {"idle_seconds": 0}, {"sweep_every_s": -1}):
+        with pytest.raises(ConfigError):
+            MemoryConfig(**bad)  # type: ignore[arg-type]
