@@ -59,6 +59,7 @@ def test_ask_with_a_failing_spill_dir_prints_its_reply_and_exits_0(tiny_model_di
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     url = f"sqlite:///{tmp_path}/ask.db"
+    SessionStore(url).close()  # created and migrated here: the child's database writes are this turn's only
     text = " ".join(["Please book a table for two at an Italian restaurant tonight."] * 20)
     env = {**os.environ, "PYTHONPATH": str(REPO), "CHATCACHE_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
