@@ -259,13 +259,14 @@ class ChatEngine:
         return expired
 
     def close(self) -> None:
-        """Stop prefetching, spill idle sessions' KV to disk and close the session database.
+        """Stop prefetching and the model worker, spill idle sessions' KV to disk and close the session database.
 
         The next process on the same data directory continues each conversation from the
         database and restores its KV from disk instead of recomputing it.
         """
         if self.prefetcher is not None:
             self.prefetcher.close()
+        self.runner.close()
         self.token_tier.spill_all()
         self.store.close()
 

@@ -1,24 +1,29 @@
 """Run the chat model on a prompt: streamed on a session's cached KV, or once on a throwaway cache.
 
 `stream` is a turn's only path to the model. It checks the session's KV out of the token
-tier (cropped to what the prompt shares with it), prefills only the rest, streams the reply,
-and checks the KV back in covering everything the model has seen. `complete` answers a prompt
-off the record, for answer-cache audits and prefetching.
+tier (cropped to what the prompt shares with it), hands the rest of the prompt to the
+scheduler (which batches the decodes of every running turn), streams the reply, and checks
+the KV back in covering everything the model has seen. `complete` answers a prompt off the
+record, for answer-cache audits and prefetching, through the same scheduler. A model whose
+cache cannot be batched (sliding-window or linear-attention layers) decodes in the caller's
+thread instead, one token at a time.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from transformers import DynamicCache
 
 from .config import GenerationConfig
-from .generation import generate_tokens
+from . import kv
+from .generation import GeneratedToken, generate_tokens
 from .models import ChatModel
 from .prompt import Message
 from .reply import TurnStats
+from .scheduler import Request, Scheduler
 from .text_stream import TextStream
 from .token_tier import TokenTier
 
@@ -53,6 +58,22 @@ class ModelRunner:
         self.token_tier = token_tier
         self.system_ids = system_ids
         self.eos_ids = eos_token_ids(chat_model)
+        self.scheduler = Scheduler(chat_model.model)
+
+    def close(self) -> None:
+        """Stop the model worker; requests still running fail."""
+        self.scheduler.close()
+
+    def _start(self, cache: DynamicCache, new_ids: list[int], params: GenerationConfig) -> Request | Iterator[GeneratedToken]:
+        """The reply's tokens: a scheduled request, or for an unbatchable cache the plain decoding loop."""
+        if kv.is_croppable(cache):
+            return self.scheduler.submit(cache, new_ids, params, self.eos_ids)
+        return generate_tokens(self.chat_model.model, cache, new_ids, params, self.eos_ids)
+
+    @staticmethod
+    def _stop(tokens: Request | Iterator[GeneratedToken], cache: DynamicCache) -> DynamicCache:
+        """End the reply's generation; returns the KV, which covers the prompt and the tokens fed."""
+        return tokens.cancel() if isinstance(tokens, Request) else cache
 
     def stream(
         self,
@@ -79,8 +100,8 @@ class ModelRunner:
         entropies: list[float] = []
         text_stream = TextStream(self.chat_model.tokenizer, params.stop)
         stats.finish_reason = "cancelled"
+        tokens = self._start(checkout.cache, prompt[checkout.reused :], params)
         try:
-            tokens = generate_tokens(self.chat_model.model, checkout.cache, prompt[checkout.reused :], params, self.eos_ids)
             for token in tokens:
                 if not generated:
                     stats.ttft_s = time.perf_counter() - started
@@ -98,17 +119,21 @@ class ModelRunner:
         except GeneratorExit:
             pass  # the reader stopped reading: keep what was generated
         except BaseException:
+            self._stop(tokens, checkout.cache)
             self.token_tier.release(key)  # the session's KV is recomputed next turn
             raise
+        cache = self._stop(tokens, checkout.cache)
         if not generated:
             self.token_tier.release(key)
             return
+        # The worker may have fed a token or two this reader never took (it stopped at a stop string).
+        kv.crop_to(cache, len(prompt) + len(generated) - 1)
         decode_s = time.perf_counter() - started - stats.ttft_s
         stats.generated_tokens = len(generated)
         stats.decode_tokens_per_s = (len(generated) - 1) / decode_s if len(generated) > 1 and decode_s > 0 else 0.0
         stats.mean_entropy_bits = sum(entropies) / len(entropies)
         # The KV covers the prompt and every reply token but the last, which was never fed.
-        self.token_tier.checkin(key, prompt + generated[:-1], checkout.cache, latency_ms=stats.ttft_s * 1000)
+        self.token_tier.checkin(key, prompt + generated[:-1], cache, latency_ms=stats.ttft_s * 1000)
         out.append(Message("assistant", text_stream.text, tuple(generated)))
 
     def complete(
@@ -122,14 +147,18 @@ class ModelRunner:
         reused = cache.get_seq_length()
         text_stream = TextStream(self.chat_model.tokenizer, params.stop)
         entropies, last = [], None
-        for token in generate_tokens(self.chat_model.model, cache, prompt[reused:], params, self.eos_ids):
-            if should_stop():
-                return None
-            text_stream.add(token.token_id)
-            entropies.append(token.entropy_bits)
-            last = token.token_id
-            if text_stream.stopped:
-                break
+        tokens = self._start(cache, prompt[reused:], params)
+        try:
+            for token in tokens:
+                if should_stop():
+                    return None
+                text_stream.add(token.token_id)
+                entropies.append(token.entropy_bits)
+                last = token.token_id
+                if text_stream.stopped:
+                    break
+        finally:
+            self._stop(tokens, cache)
         mean_entropy = sum(entropies) / len(entropies) if entropies else 0.0
         return Completion(text_stream.text, mean_entropy, last in self.eos_ids)
 

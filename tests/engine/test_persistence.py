@@ -39,13 +39,12 @@ def test_generation_error_keeps_the_users_message_and_a_consistent_record(
     url = f"sqlite:///{tmp_path}/chat.db"
     engine = make_engine(tiny_model, system_prompt=SYSTEM, store=url)
     engine.chat("s", "Hello there", max_new_tokens=6)
-    import chatcache.model_runner as runner_module
+    import chatcache.scheduler as scheduler_module
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("device lost")
-        yield  # pragma: no cover
 
-    monkeypatch.setattr(runner_module, "generate_tokens", broken)
+    monkeypatch.setattr(scheduler_module, "forward", broken)  # the model worker's prefill
     with pytest.raises(RuntimeError, match="device lost"):
         engine.chat("s", "Will this be kept?")
     monkeypatch.undo()

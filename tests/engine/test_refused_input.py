@@ -85,18 +85,19 @@ def test_a_bad_session_id_is_refused_by_the_session_tier_before_anything_is_reco
 def test_a_reply_in_which_the_model_wrote_a_nul_is_shown_and_recorded_with_a_replacement_character(
     engine: ChatEngine, tiny_model, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
 ) -> None:
-    import chatcache.model_runner as runner_module
-    from chatcache.generation import GeneratedToken
+    import itertools
+
+    import chatcache.scheduler as scheduler_module
 
     nul = tiny_model.tokenizer.convert_tokens_to_ids("\u0100")  # byte-level BPE's token for the byte 0x00
     assert tiny_model.tokenizer.decode([nul]) == "\x00"
-    real = runner_module.generate_tokens
+    real, picks = scheduler_module.pick, itertools.count()
 
     def writes_a_nul(*args, **kwargs):  # type: ignore[no-untyped-def]
-        for step, token in enumerate(real(*args, **kwargs)):
-            yield GeneratedToken(nul, token.entropy_bits) if step == 1 else token
+        token = real(*args, **kwargs)
+        return nul if next(picks) == 1 else token
 
-    monkeypatch.setattr(runner_module, "generate_tokens", writes_a_nul)
+    monkeypatch.setattr(scheduler_module, "pick", writes_a_nul)
     stream = engine.stream("s", "Hello", max_new_tokens=4)
     shown = "".join(stream)
     assert stream.reply is not None and nul in stream.reply.token_ids  # the ids stay exact

@@ -108,13 +108,12 @@ def test_unknown_session_is_a_clear_error(engine: ChatEngine) -> None:
 
 def test_failed_turn_leaves_the_session_unchanged(engine: ChatEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     engine.chat("s", "Hello", max_new_tokens=4)
-    import chatcache.model_runner as runner_module
+    import chatcache.scheduler as scheduler_module
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("out of memory")
-        yield  # pragma: no cover - makes this a generator like the real one
 
-    monkeypatch.setattr(runner_module, "generate_tokens", broken)
+    monkeypatch.setattr(scheduler_module, "forward", broken)  # the model worker's prefill
     with pytest.raises(RuntimeError, match="out of memory"):
         engine.chat("s", "Second")
     monkeypatch.undo()

@@ -1,0 +1,144 @@
+"""The KV of every request being decoded, as one batch: a row per request, written in place.
+
+Decoding one token for eight sessions costs little more than for one (the weights are read
+once per step), but the sessions' caches differ in length. Copying them into a padded batch
+every step would move all their KV per token, so `BatchKV` keeps the batch: each request's
+KV is copied into a row once when it starts decoding and copied out once when it ends. Rows
+are right-padded: a row's next token is written at its own length, and an attention mask
+hides the unwritten columns, so rows never move while others join or leave (the last row
+fills a gap a leaving row leaves, one row's copy). Buffers grow by whole blocks of positions,
+so a step writes one column instead of concatenating the whole cache as `DynamicLayer` does.
+
+Only models whose cache layers are all plain `DynamicLayer`s are batched (`kv.is_croppable`):
+sliding-window and linear-attention layers keep state a row copy cannot carry.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PretrainedConfig
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .kv import from_tensors
+
+BLOCK = 256  # positions a buffer grows by
+
+
+class _RowLayer(CacheLayerMixin):
+    """One layer's keys and values for every row; `update` writes each row's new token at its length."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, batch: BatchKV) -> None:
+        super().__init__()
+        self._batch = batch
+        self.keys = torch.empty(0)
+        self.values = torch.empty(0)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise AssertionError("a batch layer is allocated when its first row joins")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, columns, width = self._batch.step_indices()
+        self.keys[rows, :, columns] = key_states[:, :, 0]
+        self.values[rows, :, columns] = value_states[:, :, 0]
+        return self.keys[: len(rows), :, :width], self.values[: len(rows), :, :width]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._batch.step_indices()[2], 0
+
+    def get_seq_length(self) -> int:
+        return max(self._batch.lengths, default=0)
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class BatchKV(Cache):
+    """The rows being decoded; row `i` holds `lengths[i]` positions.
+
+    Args:
+        config: the model's config (layer count).
+    """
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        self.num_layers = config.get_text_config().num_hidden_layers
+        super().__init__(layers=[_RowLayer(self) for _ in range(self.num_layers)])
+        self.lengths: list[int] = []
+        self._rows = torch.empty(0, dtype=torch.long)
+        self._columns = torch.empty(0, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def join(self, cache: DynamicCache, room: int) -> int:
+        """Copy `cache` into a new last row with space for `room` more positions; returns the row."""
+        length = int(cache.get_seq_length())
+        row = len(self.lengths)
+        self._reserve(row + 1, length + room, cache)
+        for layer, source in zip(self.layers, cache.layers):
+            layer.keys[row, :, :length] = source.keys[0]
+            layer.values[row, :, :length] = source.values[0]
+        self.lengths.append(length)
+        return row
+
+    def leave(self, row: int, config: PretrainedConfig) -> tuple[DynamicCache, int | None]:
+        """Take row `row` out as a cache of its own; the last row moves into its place.
+
+        Returns the row's cache and the old index of the row that moved into `row`, if any.
+        """
+        length = self.lengths[row]
+        tensors = [(layer.keys[row, :, :length].unsqueeze(0).clone(), layer.values[row, :, :length].unsqueeze(0).clone()) for layer in self.layers]
+        last = len(self.lengths) - 1
+        moved = None
+        if row != last:
+            moved_length = self.lengths[last]
+            for layer in self.layers:
+                layer.keys[row, :, :moved_length] = layer.keys[last, :, :moved_length]
+                layer.values[row, :, :moved_length] = layer.values[last, :, :moved_length]
+            self.lengths[row] = moved_length
+            moved = last
+        self.lengths.pop()
+        return from_tensors(config, tensors), moved
+
+    def begin_step(self) -> torch.Tensor:
+        """Fix where this step writes (each row at its length); returns the attention mask for it."""
+        count = len(self.lengths)
+        self._rows = torch.arange(count)
+        self._columns = torch.tensor(self.lengths, dtype=torch.long)
+        width = max(self.lengths) + 1
+        visible = torch.arange(width).unsqueeze(0) <= self._columns.unsqueeze(1)
+        return visible[:, None, None, :]  # (rows, heads, query, key), True where a row attends
+
+    def end_step(self) -> None:
+        self.lengths = [length + 1 for length in self.lengths]
+
+    def step_indices(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self._rows, self._columns, int(self._columns.max()) + 1
+
+    def positions(self) -> torch.Tensor:
+        """Each row's position for the token fed this step (its length)."""
+        return torch.tensor(self.lengths, dtype=torch.long).unsqueeze(1)
+
+    def nbytes(self) -> int:
+        """Bytes the buffers hold, spare room included."""
+        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers)
+
+    def _reserve(self, rows: int, positions: int, like: DynamicCache) -> None:
+        """Grow every buffer to at least `rows` rows and `positions` positions, keeping what they hold."""
+        first = self.layers[0].keys
+        have_rows, have_positions = (first.shape[0], first.shape[2]) if first.dim() == 4 else (0, 0)
+        if rows <= have_rows and positions <= have_positions:
+            return
+        new_rows = max(rows, have_rows * 2 if have_rows else 1)
+        new_positions = max(have_positions, -(-positions // BLOCK) * BLOCK)
+        for layer, source in zip(self.layers, like.layers):
+            _, heads, _, head_dim = source.keys.shape
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                grown = torch.zeros(new_rows, heads, new_positions, head_dim, dtype=source.keys.dtype, device=source.keys.device)
+                if old.dim() == 4:
+                    grown[: old.shape[0], :, : old.shape[2]] = old
+                setattr(layer, name, grown)

@@ -1,0 +1,210 @@
+"""One model worker for every turn: each step decodes all running requests in one forward pass.
+
+Many conversations at once used to mean as many threads each decoding one token at a time on
+the same cores. Now a turn hands its request (the session's KV checked out of the token tier,
+the prompt tokens it lacks, its own generation settings) to the `Scheduler`, whose worker
+thread owns the model. Each step the worker prefills one chunk of one arriving request on that
+request's own cache, then decodes one token for every running request at once on `BatchKV`.
+Chunks keep a long prompt from stalling the streams already running for longer than one chunk.
+
+A request's tokens reach its caller through a queue; the caller may stop reading at any time
+(`Request.cancel`) and gets the KV back covering everything the worker fed, which the token
+tier keeps. The worker never holds the token tier's lock: KV is checked out before a request is
+submitted and checked in after it ends, so the memory budget counts every running request.
+
+Left to later: preemption under memory pressure, and batching the prefill chunks of several
+requests into one pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .batch_kv import BatchKV
+from .config import GenerationConfig
+from .generation import GeneratedToken, entropy_bits, forward, pick
+
+PREFILL_CHUNK = 512  # prompt tokens one step prefills for one request
+MAX_BATCH = 32  # requests decoded at once; more wait for a row
+log = logging.getLogger("chatcache")
+
+
+@dataclass(eq=False)
+class Request:
+    """One reply being generated: what the worker needs, and what it hands back."""
+
+    cache: DynamicCache
+    pending: list[int]
+    params: GenerationConfig
+    eos_ids: frozenset[int]
+    tokens: queue.SimpleQueue[GeneratedToken | BaseException | None] = field(default_factory=queue.SimpleQueue)
+    fed: list[int] = field(default_factory=list)  # generated ids fed back to the model so far
+    generated: int = 0
+    next_id: int | None = None
+    rng: torch.Generator | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __iter__(self) -> Iterator[GeneratedToken]:
+        """The tokens as they are picked; the last one ends the reply (end of turn or length)."""
+        while (item := self.tokens.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def cancel(self) -> DynamicCache:
+        """Stop generating; returns the KV once the worker let go of it (prompt plus `fed`)."""
+        self.cancelled.set()
+        self.done.wait()
+        return self.cache
+
+    def result(self) -> DynamicCache:
+        """The KV after the reply ended: the prompt plus every generated token but the last."""
+        self.done.wait()
+        return self.cache
+
+
+class Scheduler:
+    """Owns the model and runs every request submitted to it, batching their decodes.
+
+    Args:
+        model: the causal LM; only the worker calls it.
+        max_batch: requests decoded together at most.
+        prefill_chunk: prompt tokens prefilled per step for one request.
+    """
+
+    def __init__(self, model: PreTrainedModel, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK) -> None:
+        if max_batch < 1 or prefill_chunk < 1:
+            raise ValueError("max_batch and prefill_chunk must be at least 1")
+        self.model = model
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self._inbox: deque[Request] = deque()
+        self._prefilling: deque[Request] = deque()
+        self._batch = BatchKV(model.config)
+        self._running: list[Request] = []  # row i of the batch is _running[i]
+        self._wake = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._work, name="chatcache-model", daemon=True)
+        self._worker.start()
+
+    def submit(self, cache: DynamicCache, new_ids: list[int], params: GenerationConfig, eos_ids: set[int]) -> Request:
+        """Queue a reply on `cache` after the prompt tokens `new_ids` (at least one)."""
+        if not new_ids:
+            raise ValueError("at least one prompt token must be left to prefill")
+        rng = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        request = Request(cache, list(new_ids), params, frozenset(eos_ids), rng=rng)
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._inbox.append(request)
+            self._wake.notify()
+        return request
+
+    def running(self) -> int:
+        """Requests being decoded now."""
+        return len(self._running)
+
+    def close(self) -> None:
+        """Finish nothing new: fail what is queued or running, and stop the worker."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._worker.join()
+
+    # -- the worker ---------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._closed or self._inbox or self._prefilling or self._running):
+                    self._wake.wait()
+                if self._closed:
+                    break
+                self._prefilling.extend(self._inbox)
+                self._inbox.clear()
+            try:
+                with torch.no_grad():
+                    self._step()
+            except BaseException as error:  # noqa: BLE001 - every caller hears of it, the worker goes on
+                log.exception("model step failed")
+                self._fail_all(error)
+        self._fail_all(RuntimeError("the scheduler was closed"))
+
+    def _step(self) -> None:
+        """Drop cancelled requests, prefill one chunk, decode one token for every running request."""
+        for request in [r for r in self._prefilling if r.cancelled.is_set()]:
+            self._prefilling.remove(request)
+            self._finish(request)
+        for row in reversed(range(len(self._running))):
+            if self._running[row].cancelled.is_set():
+                self._leave(row)
+        if self._prefilling and len(self._running) < self.max_batch:
+            self._prefill_chunk(self._prefilling[0])
+        if self._running:
+            self._decode()
+
+    def _prefill_chunk(self, request: Request) -> None:
+        chunk, request.pending = request.pending[: self.prefill_chunk], request.pending[self.prefill_chunk :]
+        logits = forward(self.model, chunk, request.cache)
+        if request.pending:
+            return
+        self._prefilling.popleft()
+        if self._emit(request, logits):
+            self._finish(request)
+        else:
+            self._batch.join(request.cache, room=request.params.max_new_tokens)
+            request.cache.reset()  # its KV lives in the batch until it leaves
+            self._running.append(request)
+
+    def _decode(self) -> None:
+        mask = self._batch.begin_step()
+        ids = torch.tensor([[r.next_id] for r in self._running], device=self.model.device)
+        positions = self._batch.positions().to(self.model.device)
+        output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self._batch, use_cache=True)
+        self._batch.end_step()
+        logits = output.logits[:, -1].float().cpu()
+        for request in self._running:
+            assert request.next_id is not None
+            request.fed.append(request.next_id)
+        for row in reversed(range(len(self._running))):
+            if self._emit(self._running[row], logits[row]):
+                self._leave(row)
+
+    def _emit(self, request: Request, logits: torch.Tensor) -> bool:
+        """Pick and hand over the request's next token; True when that token ends the reply."""
+        token = pick(logits, request.params, request.rng)
+        request.tokens.put(GeneratedToken(token, entropy_bits(logits)))
+        request.generated += 1
+        request.next_id = token
+        return token in request.eos_ids or request.generated >= request.params.max_new_tokens
+
+    def _leave(self, row: int) -> None:
+        request = self._running[row]
+        request.cache, moved = self._batch.leave(row, self.model.config)
+        if moved is not None:
+            self._running[row] = self._running[moved]
+        self._running.pop()
+        self._finish(request)
+
+    def _finish(self, request: Request) -> None:
+        request.tokens.put(None)
+        request.done.set()
+
+    def _fail_all(self, error: BaseException) -> None:
+        while self._running:
+            self._running[-1].tokens.put(error)
+            self._leave(len(self._running) - 1)
+        for request in (*self._prefilling, *self._inbox):
+            request.tokens.put(error)
+            self._finish(request)
+        self._prefilling.clear()
+        self._inbox.clear()
