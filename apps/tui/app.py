@@ -34,9 +34,14 @@ FLUSH_S = 0.05  # the longest a streamed piece waits before it is shown
 
 EngineFactory = Callable[[Union[str, None]], ChatEngine]
 
+# The user id of the app's sessions (`chatcache chat` passes it to its engines): sessions made
+# by `chatcache ask` and scripts belong to another user and stay out of the sidebar.
+APP_USER = "app"
+
 
 def default_session_id() -> str:
-    return datetime.now().strftime("chat-%Y%m%d-%H%M%S")
+    # Short enough for the 80-column sidebar; a second new session in the same minute gets "-2".
+    return datetime.now().strftime("chat-%m%d-%H%M")
 
 
 class ChatApp(App[int]):
@@ -91,8 +96,30 @@ class ChatApp(App[int]):
         yield Footer()
 
     async def on_mount(self) -> None:
-        await self.open_session(self.session_id or self._latest_session() or self._fresh_id())
+        # A new conversation unless one was asked for: the latest session may be another
+        # process's, halfway through a flow. The sidebar lists the earlier ones to pick from.
+        requested = self.session_id if self.session_id and self._continuable(self.session_id) else ""
+        await self.open_session(requested or self._fresh_id())
         self.query_one(PromptInput).focus()
+
+    def _continuable(self, session_id: str) -> bool:
+        """Whether this engine may add turns to `session_id`; if not, say how to continue it."""
+        try:
+            session = self.engine.store.get_session(session_id)
+        except KeyError:  # UnknownSessionError: a new session of that name
+            return True
+        mine = (self.engine.conversations.user_id, self.engine.conversations.bot)
+        if (session.user_id, session.bot) == mine:
+            return True
+        self.notify(
+            f"Session {session_id} belongs to user {session.user_id!r} and bot {session.bot!r}; "
+            f"to continue it: chatcache chat --session {session_id} --user {session.user_id}"
+            + ("" if session.bot == "default" else f" --bot {session.bot}"),
+            title="Opened a new conversation instead",
+            severity="warning",
+            timeout=15,
+        )
+        return False
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -106,13 +133,20 @@ class ChatApp(App[int]):
         return sessions[0].id if sessions else None
 
     def _fresh_id(self) -> str:
-        taken = {s.id for s in self.engine.sessions()}
+        """A session id no one has used, whichever user or bot its session belongs to."""
         candidate = base = self.new_session_id()
         suffix = 1
-        while candidate in taken:
+        while self._exists(candidate):
             suffix += 1
             candidate = f"{base}-{suffix}"
         return candidate
+
+    def _exists(self, session_id: str) -> bool:
+        try:
+            self.engine.store.get_session(session_id)
+        except KeyError:  # UnknownSessionError
+            return False
+        return True
 
     def refresh_sessions(self) -> None:
         self.query_one(SessionList).show(self._sessions(), self.session_id, self.pending)
@@ -332,7 +366,7 @@ class ChatApp(App[int]):
     async def _use_engine(self, engine: ChatEngine, bot: str | None) -> None:
         old, self.engine, self.bot = self.engine, engine, bot
         old.close()  # spills its KV, so switching back later reuses it
-        await self.open_session(self._latest_session() or self._fresh_id())
+        await self.open_session(self._fresh_id())
         self.notify(f"Now chatting with bot {engine.conversations.bot}.")
 
     def action_toggle_panel(self) -> None:
@@ -371,7 +405,7 @@ def run_tui(
     Args:
         engine: a `ChatEngine`, or a factory `bot -> ChatEngine` (called with `bot` at start and
             again by "Switch bot"; each call must return an engine with its own session store).
-        session_id: the session to open; by default the most recently active one, else a new one.
+        session_id: the session to open; by default a new one (the sidebar lists the others).
         bot: the bot passed to the factory (ignored with an engine, which has its bot already).
         max_new_tokens: reply length limit per turn.
 
