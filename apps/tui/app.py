@@ -50,15 +50,16 @@ class ChatApp(App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "chatcache"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # The footer shows what fits in 80 columns; F1 (help) and Ctrl+P list every key and command.
     BINDINGS = [
-        Binding("escape", "cancel", "Cancel reply"),
-        Binding("ctrl+n", "new_session", "New"),
-        Binding("f2", "rename_session", "Rename"),
-        Binding("f8", "delete_session", "Delete"),
-        Binding("f5", "export_session", "Export"),
-        Binding("f3", "toggle_sidebar", "Sessions"),
-        Binding("f4", "toggle_panel", "Cache panel"),
-        Binding("f1,question_mark", "help", "Help", key_display="F1/?"),
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel the reply being generated"),
+        Binding("ctrl+n", "new_session", "New", tooltip="Start a new conversation"),
+        Binding("f2", "rename_session", "Rename", show=False, tooltip="Give the open session a title"),
+        Binding("f8", "delete_session", "Delete", show=False, tooltip="Delete the open session"),
+        Binding("f5", "export_session", "Export", tooltip="Write the session as Markdown and JSON"),
+        Binding("f3", "toggle_sidebar", "Sessions", tooltip="Show or hide the sessions sidebar"),
+        Binding("f4", "toggle_panel", "Cache", tooltip="Show or hide the cache panel"),
+        Binding("f1,question_mark", "help", "Help", key_display="f1", tooltip="List every key"),
     ]
 
     def __init__(
@@ -376,7 +377,11 @@ class ChatApp(App[int]):
         self.query_one(SessionList).toggle_class("-toggled")
 
     def action_help(self) -> None:
-        keys = [(self.get_key_display(b), b.description) for b in self.BINDINGS if isinstance(b, Binding)]
+        keys = [
+            (" ".join(self.get_key_display(Binding(key, b.action)) for key in b.key.split(",")), b.tooltip or b.description)
+            for b in self.BINDINGS
+            if isinstance(b, Binding)
+        ]
         keys += [("Ctrl+P", "Command palette"), ("Ctrl+Q", "Quit")]
         self.push_screen(HelpScreen(keys))
 

@@ -78,8 +78,9 @@ async def test_switch_bot_uses_the_engine_factory(tiny_model, make_engine, make_
         await pilot.press(*"I want to transfer 200 dollars to account 12345678", "enter")
         await settle(pilot)
         dialogue = str(app.query_one("#dialogue").render())
-        assert "state     CONFIRMING" in dialogue and "intent    transfer_money (" in dialogue
-        assert "tier      dialog" in str(app.query_one("#turn-stats").render())
+        assert "state     CONFIRMING" in dialogue and "intent    transfer_money\n          confidence " in dialogue
+        turn = str(app.query_one("#turn-stats").render())
+        assert "tier      dialog" in turn and "served by bot's flow" in turn  # the model did not answer
     app.engine.close()
 
 
@@ -114,18 +115,32 @@ async def test_f3_toggles_the_sessions_sidebar(engine, make_app) -> None:  # typ
 
 
 async def test_help_screen_lists_the_keys(engine, make_app) -> None:  # type: ignore[no-untyped-def]
-    """F1 opens a table of keys (Esc, Ctrl+N, F2, ...); Esc closes it."""
+    """F1 opens a table of keys (Esc, Ctrl+N, F2, ...), also those the footer leaves out; Esc closes it."""
     app = make_app(engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("f1")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         keys = dict(app.screen.keys)
-        assert keys["esc"] == "Cancel reply" and keys["^n"] == "New" and keys["f4"] == "Cache panel"
+        assert keys["esc"] == "Cancel the reply being generated" and keys["^n"] == "Start a new conversation"
+        assert keys["f4"] == "Show or hide the cache panel" and keys["f1 ?"] == "List every key"
+        assert keys["f2"].startswith("Give the open session a title") and keys["f8"] == "Delete the open session"
         assert keys["Up / Down"].startswith("Previous")
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_at_80x24_the_footer_shows_every_key_up_to_help(engine, make_app) -> None:  # type: ignore[no-untyped-def]
+    """At 80 columns the footer fits: Cancel, New, Export, Sessions, Cache (F4) and Help (F1) are all on screen."""
+    from textual.widgets._footer import FooterKey
+
+    app = make_app(engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        shown = {key.key_display: key.region for key in app.screen.query(FooterKey)}
+        assert {"esc", "^n", "f5", "f3", "f4", "f1"} <= set(shown)
+        assert all(region.width > 0 and region.right <= 80 for region in shown.values())
 
 
 async def test_palette_offers_every_app_command(engine, make_app) -> None:  # type: ignore[no-untyped-def]
