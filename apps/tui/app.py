@@ -24,8 +24,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, OptionList
 
 from chatcache import ChatEngine, Reply, ReplyStream
+from dialog import shipped_bots
 
-from .export import export_session
+from .export import default_export_dir, export_session
 from .screens import AskScreen, ConfirmScreen, HelpScreen, RenameScreen
 from .turns import TurnRecord
 from .widgets import CachePanel, ChatLog, ChatMessage, PromptInput, SessionList
@@ -329,14 +330,15 @@ class ChatApp(App[int]):
         def export(directory: str | None) -> None:
             if directory is None:
                 return
+            target = Path(directory) if directory else default_export_dir()
             try:
-                markdown, data = export_session(self.engine.store, self.session_id, Path(directory or "."))
+                markdown, data = export_session(self.engine.store, self.session_id, target)
             except Exception as exc:
                 self.notify(str(exc), title="Export failed", severity="error")
                 return
-            self.notify(f"Wrote {markdown} and {data}", title="Exported")
+            self.notify(f"Wrote {markdown.name} and {data.name} to {markdown.parent}", title="Exported", timeout=15)
 
-        self.push_screen(AskScreen("Export session to directory", str(Path.cwd())), export)
+        self.push_screen(AskScreen("Export session to directory", str(default_export_dir())), export)
 
     def action_switch_bot(self) -> None:
         if self._busy():
@@ -351,7 +353,8 @@ class ChatApp(App[int]):
                 self._load_engine(bot or None)
 
         self.push_screen(
-            AskScreen("Switch bot", self.bot or "", "customer_service, a bot YAML file, or empty for none"), switch
+            AskScreen("Switch bot", self.bot or "", f"{', '.join(shipped_bots())}, a bot YAML file, or empty for none"),
+            switch,
         )
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)

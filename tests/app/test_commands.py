@@ -43,6 +43,41 @@ async def test_export_writes_markdown_and_json(engine, make_app, settle, tmp_pat
     assert "token_ids" not in data["messages"][1]["meta"]
 
 
+async def test_export_defaults_to_the_documents_folder_and_says_where(  # type: ignore[no-untyped-def]
+    engine, make_app, settle, notices, tmp_path, monkeypatch
+) -> None:
+    """Enter on the proposed directory writes into ~/Documents/chatcache, not the working
+    directory, and the notice names the folder."""
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_DOCUMENTS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    app = make_app(engine)
+    seen = notices(app)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press(*"hello", "enter")
+        await settle(pilot)
+        await pilot.press("f5")
+        await pilot.pause()
+        assert app.screen.query_one("#answer").value == str(home / "Documents" / "chatcache")
+        await pilot.press("enter")
+        await pilot.pause()
+    assert (home / "Documents" / "chatcache" / "s-1.md").is_file()
+    assert not (tmp_path / "s-1.md").exists()
+    assert (f"Wrote s-1.md and s-1.json to {home / 'Documents' / 'chatcache'}", "information") in seen
+
+
+def test_without_a_documents_folder_exports_go_to_the_data_dir(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No ~/Documents (a server, a container): exports go under the data directory."""
+    from apps.tui.export import default_export_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "bare-home"))
+    monkeypatch.delenv("XDG_DOCUMENTS_DIR", raising=False)
+    monkeypatch.setenv("CHATCACHE_DATA_DIR", str(tmp_path / "data"))
+    assert default_export_dir() == tmp_path / "data" / "exports"
+
+
 async def test_clear_caches_empties_the_kv_tier(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
     """"Clear caches" frees the KV: the panel shows 0 sessions in memory and the next turn reuses only the system prompt ("tier prefix")."""
     app = make_app(engine)
