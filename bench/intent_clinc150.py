@@ -7,7 +7,7 @@ on `oos_val` + `oos_train`. The data lives outside the repo; point at it with --
     python -m bench.intent_clinc150 [--data ../shared/data/clinc150] [--quick]
 
 About 2 minutes on 2 CPU cores (embedding 1,500 validation and 1,350 OOS utterances); --quick
-(300 of each) under a minute. Results are written to bench/out/intent_clinc150.json after each
+(300 of each) about a minute. Results are written to bench/out/intent_clinc150.json after each
 setting.
 """
 
