@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         from apps.tui import APP_USER, run_tui
 
         return run_tui(_engine_factory(args, APP_USER), session_id=args.session, bot=args.bot, max_new_tokens=args.max_new_tokens)
-    except (ChatCacheError, StorageError, BotDefinitionError, FileNotFoundError) as exc:  # no bot file of that name
+    except (ChatCacheError, StorageError, BotDefinitionError) as exc:
         print(f"chatcache: {exc}", file=sys.stderr)
         return 2
 
