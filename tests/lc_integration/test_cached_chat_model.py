@@ -121,3 +121,11 @@ def test_answer_cache_serves_a_repeated_question_without_the_model(bundled_model
     again = model.invoke(messages)
     assert again.response_metadata["answer_cache_hit"] and again.response_metadata["tier"] == "answer"
     assert again.content == first.content and again.usage_metadata["input_tokens"] == 0
+
+
+@pytest.mark.parametrize("text", ["hi\ud800", "hi\x00there"], ids=["lone surrogate", "NUL"])
+def test_a_message_no_database_can_store_is_refused_before_the_model_runs(lc_model, text: str) -> None:  # type: ignore[no-untyped-def]
+    from chatcache import InvalidMessageError
+
+    with pytest.raises(InvalidMessageError, match="remove that character"):
+        lc_model().invoke([HumanMessage(text)])
