@@ -71,15 +71,22 @@ class ReplyIds:
 
 
 class _KeyLocks:
-    """One lock per token-tier key: a key's turns must not overlap (the token tier's rule)."""
+    """One lock per token-tier key: a key's turns must not overlap (the token tier's rule).
+
+    A lock lives while a turn holds it or waits for it, then goes: conversations come and go,
+    and their locks must not pile up.
+    """
 
     def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
         self._guard = threading.Lock()
 
     def get(self, key: str) -> threading.Lock:
         with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.Lock()
+            return lock
 
 
 # Per-engine state, dropped with the engine (an id() key could be reused by a later engine).
@@ -203,6 +210,7 @@ def _run(
     # same instructions start from its KV.
     system = engine.renderer.system_ids(conversation[0].content) if conversation[0].role == "system" else []
     out: list[Message] = []
+    engine.resident.touch(key)  # its KV and heat are let go of like an idle session's
     with key_locks.get(key):
         yield from engine.runner.stream(key, prompt, params, stats, started, out, prefix=system)
     if not out:
