@@ -7,7 +7,12 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.chatcache-installed
 
-.PHONY: chat test bench setup clean
+# `make bench` runs these (15 minutes or more on 2 CPU cores), `make bench-quick` the same in quick
+# mode (under 5 minutes); each writes bench/out/<name>.json as it goes. Others, e.g.:
+#   make bench BENCHES="answer_cache langchain_ttft answer_cache_evals"   (see bench/README.md)
+BENCHES ?= token_tier session_tiers
+
+.PHONY: chat test bench bench-quick setup clean
 
 setup: $(STAMP)
 
@@ -29,8 +34,10 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.token_tier
-	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.session_tiers
+	for name in $(BENCHES); do HF_HUB_OFFLINE=1 $(BIN)/python -m bench.$$name || exit 1; done
+
+bench-quick: $(STAMP)
+	for name in $(BENCHES); do HF_HUB_OFFLINE=1 $(BIN)/python -m bench.$$name --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) bench/out

@@ -6,14 +6,17 @@ on this machine). Entries use the BANKING77 questions' real embeddings, repeated
 perturbation to reach 100k. The served-versus-generated ratio runs the bundled model and the
 engine side by side on the same questions.
 
-    python -m bench.answer_cache [--data ../shared/data] [--sizes 1000 10000 100000]
+    python -m bench.answer_cache [--data ../shared/data] [--sizes 1000 10000 100000] [--quick]
+
+About 6 minutes on 2 CPU cores; --quick (2,000 questions embedded, 1k and 10k entries, 100
+queries, 3 model turns) about 1 minute. Results are written to bench/out/answer_cache.json as
+each section finishes.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import time
 import tracemalloc
 from pathlib import Path
@@ -25,7 +28,7 @@ from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope
 from chatcache.hcac import sentence_embed
 from chatcache.models import load_embedder
 
-from .common import DEFAULT_DATA, median
+from .common import BenchRun, bench_arguments, median
 
 SCOPE = Scope("bench", "bench")
 
@@ -100,12 +103,16 @@ def served_vs_generated(questions: list[str]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
-    parser.add_argument("--queries", type=int, default=300)
+    bench_arguments(parser)
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="entries (default 1k 10k 100k, quick 1k 10k)")
+    parser.add_argument("--queries", type=int, default=None, help="timed lookups (default 300, quick 100)")
     args = parser.parse_args()
+    args.sizes = args.sizes or ([1000, 10000] if args.quick else [1000, 10000, 100000])
+    args.queries = args.queries or (100 if args.quick else 300)
+    run = BenchRun("answer_cache", args, minutes=(6, 1))
+
     embed = sentence_embed(load_embedder("bundled", device="cpu"))
-    rows = banking_questions(args.data)
+    rows = banking_questions(args.data)[: 2000 if args.quick else None]
     texts = [text for text, _ in rows]
     vectors = embed(texts)
     query_texts = texts[-args.queries :]
@@ -114,15 +121,9 @@ def main() -> None:
     for size in args.sizes:
         cache, fill_s, bytes_per_entry = filled_cache(size, vectors[: -args.queries], embed)
         sizes[str(size)] = {"fill_s": fill_s, "bytes_per_entry": bytes_per_entry, **lookup_latencies(cache, query_texts, query_vectors)}
-        print(json.dumps({str(size): sizes[str(size)]}), flush=True)
-    report = {
-        "benchmark": "answer_cache",
-        "lookup": sizes,
-        "served_vs_generated": served_vs_generated(query_texts[:10]),
-        "targets": {"p50_ms_without_embedding_at_100k": 2.0, "p50_ms_with_embedding_at_100k": 15.0, "ratio": 50.0},
-    }
-    print(json.dumps(report, indent=2))
-
+        run.section("lookup", sizes)
+    run.section("served_vs_generated", served_vs_generated(query_texts[: 3 if args.quick else 10]))
+    run.finish(targets={"p50_ms_without_embedding_at_100k": 2.0, "p50_ms_with_embedding_at_100k": 15.0, "ratio": 50.0})
 
 if __name__ == "__main__":
     main()

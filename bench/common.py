@@ -1,9 +1,13 @@
-"""What the benchmarks share: data paths, the SGD conversations and a long static system prompt."""
+"""What the benchmarks share: their run (options, duration, partial results), data paths, the
+SGD conversations and a long static system prompt."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from itertools import islice
@@ -11,6 +15,64 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_OUT = Path(__file__).resolve().parent / "out"
+
+
+def bench_arguments(parser: argparse.ArgumentParser, data: Path = DEFAULT_DATA) -> None:
+    """The options every benchmark takes: where the data is, where results go, quick mode."""
+    parser.add_argument("--data", type=Path, default=data, help=f"data directory (default: {data})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where <name>.json is written as sections finish")
+    parser.add_argument("--quick", action="store_true", help="smaller samples: a first look, not the figures of record")
+
+
+class BenchRun:
+    """One benchmark run: says up front how long it takes and writes `<out>/<name>.json` after
+    every section, so a run that is stopped halfway leaves what it measured.
+
+    Args:
+        name: the benchmark, also the file name.
+        args: parsed `bench_arguments` (and the benchmark's own options, recorded with the results).
+        minutes: expected minutes of a (full, quick) run on the 2-core machine of record.
+    """
+
+    def __init__(self, name: str, args: argparse.Namespace, minutes: tuple[float, float]) -> None:
+        self.started = time.perf_counter()
+        self.path = Path(args.out) / f"{name}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in sorted(vars(args).items())}
+        self.report: dict[str, Any] = {"benchmark": name, "complete": False, "options": options}
+        expected = minutes[1] if args.quick else minutes[0]
+        print(
+            f"bench.{name}: {'quick' if args.quick else 'full'} run, about {expected:g} min on 2 CPU cores "
+            f"(full {minutes[0]:g} min, --quick {minutes[1]:g} min); results so far in {self.path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._save()
+
+    def section(self, key: str, value: Any) -> None:
+        """Record one finished section (again, as it grows) and write the file."""
+        self.report[key] = value
+        self._save()
+        print(f"bench.{self.report['benchmark']}: {key} done at {self._elapsed():.0f} s", file=sys.stderr, flush=True)
+
+    def finish(self, **values: Any) -> dict[str, Any]:
+        """Add `values`, mark the results complete, write them and print them as JSON on stdout."""
+        self.report.update(values)
+        self.report["complete"] = True
+        self.report["elapsed_s"] = round(self._elapsed(), 1)
+        self._save()
+        print(json.dumps(self.report, indent=2), flush=True)
+        return self.report
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def _save(self) -> None:
+        # Write then rename: a reader (or a run killed mid-write) never sees half a file.
+        partial = self.path.with_name(self.path.name + ".tmp")
+        partial.write_text(json.dumps(self.report, indent=2) + "\n")
+        os.replace(partial, self.path)
 
 
 def _sgd_dev_dialogues(data_dir: Path) -> Iterator[dict[str, Any]]:

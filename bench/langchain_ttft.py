@@ -11,13 +11,15 @@ TTFT is the time from the `stream()` call to the first chunk with text, for both
 pipeline streams through transformers' TextIteratorStreamer). Each model is warmed up once
 on an unrelated system prompt first.
 
-    python -m bench.langchain_ttft [--data ../shared/data] [--turns 10] [--max-new-tokens 32] [--threads N] [--out bench/out]
+    python -m bench.langchain_ttft [--data ../shared/data] [--turns 10] [--max-new-tokens 32] [--threads N] [--out bench/out] [--quick]
+
+About 3 minutes on 2 CPU cores; --quick (5 turns, 16-token replies) about 1 minute. Results
+are written to bench/out/langchain_ttft.json as each model's conversation finishes.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +32,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from chatcache import ChatEngine, TokenTierConfig, load_chat_model
 from chatcache.langchain import CachedChatModel
 
-from .common import DEFAULT_DATA, schema_system_prompt, sgd_user_turns
+from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_user_turns
 
 FOLLOW_UPS = [
     "Thanks. Can you summarise what we have so far?",
@@ -103,47 +105,50 @@ def plot(cached: list[dict[str, Any]], baseline: list[dict[str, Any]], path: Pat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    bench_arguments(parser)
+    parser.add_argument("--turns", type=int, default=None, help="conversation turns (default 10, quick 5)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default 32, quick 16)")
     parser.add_argument("--system-tokens", type=int, default=600)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     args = parser.parse_args()
+    args.turns = args.turns or (5 if args.quick else 10)
+    args.max_new_tokens = args.max_new_tokens or (16 if args.quick else 32)
+    run = BenchRun("langchain_ttft", args, minutes=(3, 1))
     if args.threads:
         torch.set_num_threads(args.threads)
-
     chat_model = load_chat_model("bundled")
     system_prompt = schema_system_prompt(args.data, chat_model.tokenizer, args.system_tokens)
     turns = user_turns(args.data, args.turns)
+    run.section(
+        "setup",
+        {
+            "model": chat_model.name,
+            "device": str(chat_model.device),
+            "torch_threads": torch.get_num_threads(),
+            "system_prompt_tokens": len(chat_model.tokenizer.encode(system_prompt, add_special_tokens=False)),
+            "max_new_tokens": args.max_new_tokens,
+            "ttft": "time from stream() to the first chunk with text, both models",
+        },
+    )
     with tempfile.TemporaryDirectory() as workdir:
         engine = ChatEngine(chat_model, store=f"sqlite:///{workdir}/sessions.db", token_tier=TokenTierConfig())
         cached = converse(CachedChatModel(engine=engine, max_tokens=args.max_new_tokens), system_prompt, turns)
         engine.close()
+    run.section("cached_chat_model", [{k: v for k, v in row.items() if k != "reply"} for row in cached])
     baseline = converse(huggingface_chat(chat_model, args.max_new_tokens), system_prompt, turns)
-
     last_cached, last_baseline = cached[-1]["ttft_s"], baseline[-1]["ttft_s"]
-    result = {
-        "model": chat_model.name,
-        "device": str(chat_model.device),
-        "torch_threads": torch.get_num_threads(),
-        "system_prompt_tokens": len(chat_model.tokenizer.encode(system_prompt, add_special_tokens=False)),
-        "max_new_tokens": args.max_new_tokens,
-        "ttft": "time from stream() to the first chunk with text, both models",
-        "turns": [
+    run.section(
+        "turns",
+        [
             {"turn": c["turn"], "cached_ttft_s": round(c["ttft_s"], 4), "chat_huggingface_ttft_s": round(b["ttft_s"], 4),
              "cached_tier": c["tier"], "cached_reused_tokens": c["reused_tokens"],
              "cached_prefilled_tokens": c["prefilled_tokens"], "same_reply": c["reply"].strip() == b["reply"].strip()}
             for c, b in zip(cached, baseline)
         ],
-        "last_turn_speedup": round(last_baseline / last_cached, 1),
-        "target_met": last_baseline / last_cached >= 10,
-    }
-    print(json.dumps(result, indent=2))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "langchain_ttft.json").write_text(json.dumps(result, indent=2))
+    )
     plot(cached, baseline, args.out / "langchain_ttft.png")
-
+    speedup = last_baseline / last_cached
+    run.finish(last_turn_speedup=round(speedup, 1), target_met=speedup >= 10, plot=str(args.out / "langchain_ttft.png"))
 
 if __name__ == "__main__":
     main()

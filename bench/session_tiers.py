@@ -7,17 +7,19 @@ record the reply, release the lease. The turns and replies are SGD dev's. Embedd
 the main figure (the embedder is a model too); the MiniLM embedding of one turn (the user turn
 with the assistant's last turn, one batch, as the coordinator embeds them) is timed beside it.
 
-    python -m bench.session_tiers [--data ../shared/data] [--sessions 10000] [--turns 300]
+    python -m bench.session_tiers [--data ../shared/data] [--sessions 10000] [--turns 300] [--quick]
+
+About 3 minutes on 2 CPU cores, most of it seeding the database; --quick (1,000 sessions,
+100 turns) under a minute. Results are written to bench/out/session_tiers.json as each
+section finishes.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +32,7 @@ from chatcache.turn_tier import TurnTier
 from dialog import load_bot
 from storage import SessionStore
 
-from .common import DEFAULT_DATA, sgd_exchanges
+from .common import BenchRun, bench_arguments, sgd_exchanges
 
 
 SEED_TURN = ("What are your opening hours?", "We open at 9.")
@@ -49,10 +51,13 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--sessions", type=int, default=10_000)
-    parser.add_argument("--turns", type=int, default=300)
+    bench_arguments(parser)
+    parser.add_argument("--sessions", type=int, default=None, help="sessions in the database (default 10,000, quick 1,000)")
+    parser.add_argument("--turns", type=int, default=None, help="timed turns (default 300, quick 100)")
     args = parser.parse_args()
+    args.sessions = args.sessions or (1_000 if args.quick else 10_000)
+    args.turns = args.turns or (100 if args.quick else 300)
+    run = BenchRun("session_tiers", args, minutes=(3, 1))
 
     bot = load_bot("customer_service")
     model_embed = sentence_embed(load_embedder("bundled", device="cpu"))
@@ -70,12 +75,13 @@ def main() -> None:
         started = time.perf_counter()
         model_embed([user, previous_reply])
         embed_ms.append((time.perf_counter() - started) * 1000)
+    run.section("minilm_embed_turn_and_reply_ms", {"p50": percentile(embed_ms, 50), "p95": percentile(embed_ms, 95)})
 
     with tempfile.TemporaryDirectory() as scratch:
         store = SessionStore.open(scratch)
         seeding_started = time.perf_counter()
         seed_sessions(store, args.sessions)
-        seeding_s = time.perf_counter() - seeding_started
+        run.section("seeding_s", time.perf_counter() - seeding_started)
         conversations = Conversations(store, "customer_service", "bench", bot.system_prompt)
         coordinator = ContextCoordinator(
             conversations, TurnTier(), precomputed, bot, DriftConfig()
@@ -97,18 +103,9 @@ def main() -> None:
         sessions_in_db = store.count_sessions()
         store.close()
 
-    report = {
-        "benchmark": "session_tiers",
-        "sessions_in_db": sessions_in_db,
-        "turns": len(turn_ms),
-        "seeding_s": seeding_s,
-        "per_turn_ms": {"p50": percentile(turn_ms, 50), "p95": percentile(turn_ms, 95), "p99": percentile(turn_ms, 99)},
-        "minilm_embed_turn_and_reply_ms": {"p50": percentile(embed_ms, 50), "p95": percentile(embed_ms, 95)},
-        "target_p50_ms": 10.0,
-        "meets_target": percentile(turn_ms, 50) <= 10.0,
-    }
-    print(json.dumps(report, indent=2))
-
+    p50 = percentile(turn_ms, 50)
+    run.section("per_turn_ms", {"p50": p50, "p95": percentile(turn_ms, 95), "p99": percentile(turn_ms, 99)})
+    run.finish(sessions_in_db=sessions_in_db, turns=len(turn_ms), target_p50_ms=10.0, meets_target=p50 <= 10.0)
 
 if __name__ == "__main__":
     main()

@@ -8,13 +8,17 @@ over the user turns of SGD dev dialogues:
 Then: a new session's first turn, restoring a spilled 2,000-token session against recomputing
 it (float and int8 files), KV memory against its budget, and decode speed against the raw model.
 
-    python -m bench.token_tier [--data ../shared/data] [--dialogues 3] [--out bench/out]
+    python -m bench.token_tier [--data ../shared/data] [--dialogues 3] [--out bench/out] [--quick]
+
+About 12 minutes on 2 CPU cores; --quick (4 turns of one dialogue, 8-token replies, figures over
+turns with >= 1,000 tokens of history, a 1,000-token restore timed once, a smaller memory run)
+about 1.5 minutes. Results are written to bench/out/token_tier.json as
+each section finishes.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -29,7 +33,7 @@ from chatcache.generation import forward, generate_tokens, prefill
 from chatcache.kv import clone, crop_to, from_tensors, kv_bytes_per_token, new_cache, to_tensors
 from chatcache.kv_spill import SpillStore
 
-from .common import DEFAULT_DATA, median, schema_system_prompt, sgd_user_turns, timed
+from .common import BenchRun, bench_arguments, median, schema_system_prompt, sgd_user_turns, timed
 
 LONG_HISTORY = 1500
 
@@ -49,11 +53,13 @@ def limit_ttft(model: Any, prompt: list[int], cached: Any, reused: int) -> float
     return seconds
 
 
-def conversations(engine: ChatEngine, dialogues: list[tuple[str, list[str]]], max_new_tokens: int) -> list[dict[str, Any]]:
+def conversations(
+    engine: ChatEngine, dialogues: list[tuple[str, list[str]]], max_new_tokens: int, max_turns: int | None, run: BenchRun
+) -> list[dict[str, Any]]:
     model = engine.chat_model.model
-    rows = []
+    rows: list[dict[str, Any]] = []
     for dialogue_id, turns in dialogues:
-        for turn, text in enumerate(turns):
+        for turn, text in enumerate(turns[:max_turns]):
             reply = engine.chat(dialogue_id, text, max_new_tokens=max_new_tokens)
             stats = reply.stats
             entry = engine.token_tier._sessions[dialogue_id]
@@ -72,15 +78,15 @@ def conversations(engine: ChatEngine, dialogues: list[tuple[str, list[str]]], ma
                     "generated_tokens": stats.generated_tokens,
                 }
             )
-            print(json.dumps(rows[-1]), flush=True)
+            run.section("turns", rows)
     return rows
 
 
-def restore_vs_recompute(engine: ChatEngine, tokens: int, workdir: Path) -> dict[str, Any]:
+def restore_vs_recompute(engine: ChatEngine, tokens: int, workdir: Path, repeats: int = 3) -> dict[str, Any]:
     """Time bringing back a spilled `tokens`-long session against computing its KV again."""
     model = engine.chat_model.model
     ids = (engine.token_tier._sessions[next(iter(engine.token_tier._sessions))].ids * 4)[:tokens]
-    caches = [new_cache(model.config) for _ in range(3)]
+    caches = [new_cache(model.config) for _ in range(repeats)]
     recompute_s = median([timed(lambda: prefill(model, ids, cache))[0] for cache in caches])
     cache = caches[-1]  # the last timed recompute is the reference KV
     probe = ids[-1:]
@@ -92,7 +98,7 @@ def restore_vs_recompute(engine: ChatEngine, tokens: int, workdir: Path) -> dict
         store = SpillStore(workdir / label, *identity, int8=int8, budget_bytes=1 << 34)
         store.save("s", ids, layers)
         size = store.path("s").stat().st_size
-        restore_s = median([timed(lambda: store.load("s", model.device))[0] for _ in range(3)])
+        restore_s = median([timed(lambda: store.load("s", model.device))[0] for _ in range(repeats)])
         spilled = store.load("s", model.device)
         assert spilled is not None
         logits = forward(model, probe, from_tensors(model.config, spilled.layers))
@@ -110,7 +116,9 @@ def restore_vs_recompute(engine: ChatEngine, tokens: int, workdir: Path) -> dict
     return result
 
 
-def budget_run(model: Any, system_prompt: str, dialogues: list[tuple[str, list[str]]], spill: Path) -> dict[str, Any]:
+def budget_run(
+    model: Any, system_prompt: str, dialogues: list[tuple[str, list[str]]], spill: Path, turns: int, max_new_tokens: int
+) -> dict[str, Any]:
     """Several sessions interleaved under a budget that holds about two of them."""
     budget = kv_bytes_per_token(model.model.config, model.model.dtype) * 2 * 1400
     engine = ChatEngine(
@@ -121,9 +129,9 @@ def budget_run(model: Any, system_prompt: str, dialogues: list[tuple[str, list[s
     )
     peak = 0
     tiers: dict[str, int] = {}
-    for turn in range(6):
-        for dialogue_id, turns in dialogues:
-            reply = engine.chat(dialogue_id, turns[turn], max_new_tokens=16)
+    for turn in range(turns):
+        for dialogue_id, said in dialogues:
+            reply = engine.chat(dialogue_id, said[turn], max_new_tokens=max_new_tokens)
             peak = max(peak, engine.kv_stats().resident_bytes)
             tiers[reply.stats.tier] = tiers.get(reply.stats.tier, 0) + 1
     stats = engine.kv_stats()
@@ -138,7 +146,7 @@ def budget_run(model: Any, system_prompt: str, dialogues: list[tuple[str, list[s
     }
 
 
-def decode_speeds(model: Any, prompt: list[int], tokens: int = 33) -> dict[str, float]:
+def decode_speeds(model: Any, prompt: list[int], tokens: int = 33, runs: int = 2, warm_up: bool = True) -> dict[str, float]:
     """Decode tokens/s on one prompt: chatcache's loop against plain `model.generate`, interleaved."""
     input_ids = torch.tensor([prompt])
     params = GenerationConfig(max_new_tokens=tokens)
@@ -154,16 +162,18 @@ def decode_speeds(model: Any, prompt: list[int], tokens: int = 33) -> dict[str, 
         total = timed(lambda: model.generate(input_ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False))[0]
         return (tokens - 1) / max(total - first, 1e-9)
 
-    ours(), raw()  # warm-up
-    runs = [(ours(), raw()) for _ in range(2)]
-    return {"chatcache_loop": median([o for o, _ in runs]), "raw_model_generate": median([r for _, r in runs])}
+    if warm_up:
+        ours(), raw()
+    speeds = [(ours(), raw()) for _ in range(runs)]
+    return {"chatcache_loop": median([o for o, _ in speeds]), "raw_model_generate": median([r for _, r in speeds])}
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    long = [r for r in rows if r["prompt_tokens"] >= LONG_HISTORY and r["tier"] == "session"]
+def summarize(rows: list[dict[str, Any]], long_history: int = LONG_HISTORY) -> dict[str, Any]:
+    long = [r for r in rows if r["prompt_tokens"] >= long_history and r["tier"] == "session"]
     firsts = [r for r in rows[1:] if r["turn"] == 1]
     return {
         "turns": len(rows),
+        "long_history_tokens": long_history,
         "long_history_turns": len(long),
         "naive_over_chatcache_median": median([r["ttft_naive_s"] / r["ttft_chatcache_s"] for r in long]),
         "chatcache_over_limit_median": median([r["ttft_chatcache_s"] / r["ttft_limit_s"] for r in long]),
@@ -201,12 +211,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--dialogues", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    bench_arguments(parser)
+    parser.add_argument("--dialogues", type=int, default=None, help="SGD dialogues to converse (default 3, quick 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default 48, quick 8)")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.dialogues = args.dialogues or (1 if args.quick else 3)
+    args.max_new_tokens = args.max_new_tokens or (8 if args.quick else 48)
+    run = BenchRun("token_tier", args, minutes=(12, 1.5))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
 
@@ -221,31 +232,39 @@ def main() -> None:
             token_tier=TokenTierConfig(spill_dir=Path(scratch) / "kv"),
             store=f"sqlite:///{scratch}/sessions.db",
         )
-        rows = conversations(engine, dialogues, args.max_new_tokens)
-        restore = restore_vs_recompute(engine, 2000, Path(scratch) / "restore")
-        budget = budget_run(chat_model, system_prompt, sgd_user_turns(args.data, 4, 6), Path(scratch) / "budget")
+        setup = {
+            "model": "bundled (SmolLM2-135M-Instruct, float32, CPU)",
+            "device": str(chat_model.device),
+            "torch_threads": torch.get_num_threads(),
+            "system_prompt_tokens": len(engine._system_ids),
+            "kv_bytes_per_token": engine.token_tier.bytes_per_token,
+        }
+        run.section("setup", setup)
+        rows = conversations(engine, dialogues, args.max_new_tokens, 4 if args.quick else None, run)
+        # A quick run's six turns do not reach LONG_HISTORY tokens: its figures are over 1,000.
+        run.section("summary", summarize(rows, 1000 if args.quick else LONG_HISTORY))
+        restore_tokens, repeats = (1000, 1) if args.quick else (2000, 3)
+        restore = restore_vs_recompute(engine, restore_tokens, Path(scratch) / "restore", repeats)
+        run.section(f"restore_{restore_tokens}_tokens", restore)
+        budget_dialogues = sgd_user_turns(args.data, 3 if args.quick else 4, 6)
+        turns, tokens = (2, 8) if args.quick else (6, 16)
+        budget = budget_run(chat_model, system_prompt, budget_dialogues, Path(scratch) / "budget", turns, tokens)
+        run.section("memory_budget", budget)
     longest = max(rows, key=lambda r: r["prompt_tokens"])
     prompt = engine.token_tier._sessions[longest["dialogue"]].ids[: longest["prompt_tokens"]]
-    report = {
-        "benchmark": "token_tier",
-        "model": "bundled (SmolLM2-135M-Instruct, float32, CPU)",
-        "device": str(chat_model.device),
-        "torch_threads": torch.get_num_threads(),
-        "system_prompt_tokens": len(engine._system_ids),
-        "kv_bytes_per_token": engine.token_tier.bytes_per_token,
-        "summary": summarize(rows),
-        "decode_tokens_per_s": {
+    # A quick run's model is warm from its turns already.
+    speeds = decode_speeds(chat_model.model, prompt, *((9, 1, False) if args.quick else (33, 2, True)))
+    run.section(
+        "decode_tokens_per_s",
+        {
             "prompt_tokens": len(prompt),
-            **decode_speeds(chat_model.model, prompt),
-            "chatcache_turns_median": median([r["decode_tokens_per_s"] for r in rows if r["generated_tokens"] > 8]),
+            **speeds,
+            "chatcache_turns_median": median([r["decode_tokens_per_s"] for r in rows if r["generated_tokens"] >= 8]),
         },
-        "restore_2000_tokens": restore,
-        "memory_budget": budget,
-        "plot": str(args.out / "token_tier_ttft.png"),
-    }
+    )
     plot(rows, args.out / "token_tier_ttft.png")
-    (args.out / "token_tier.json").write_text(json.dumps({"report": report, "turns": rows}, indent=2))
-    print(json.dumps(report, indent=2))
+    run.section("plot", str(args.out / "token_tier_ttft.png"))
+    run.finish()
 
 
 if __name__ == "__main__":

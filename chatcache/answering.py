@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from storage import SessionStore
 
@@ -29,6 +30,23 @@ from .token_tier import common_prefix_length
 
 PREFETCH_REPLY_ROOM = 256
 """Tokens a prefetched answer may take; a question whose prompt leaves less is not prefetched."""
+
+
+@dataclass(frozen=True)
+class AnswerScope:
+    """Where one turn's answer is looked up and kept.
+
+    Attributes:
+        scope: the answer cache's scope.
+        intent: it is a confirmed cacheable intent's scope (its own similarity threshold).
+        across_users: users share it, so answers found by meaning must not echo another question.
+        storable: this turn's answer may be kept there.
+    """
+
+    scope: Scope
+    intent: bool
+    across_users: bool
+    storable: bool
 
 
 class CachedAnswers:
@@ -60,59 +78,67 @@ class CachedAnswers:
         self.context_window = context_window
         self._audit_rng = random.Random(0)
 
-    def scope(self, conversation: Conversation, context: TurnContext, question: str) -> tuple[Scope, bool] | None:
-        """Where this turn's answer may be shared, and whether that is an intent's scope; None: not cached.
+    def scope(
+        self, conversation: Conversation, context: TurnContext, question: str, bot: str | None = None
+    ) -> AnswerScope | None:
+        """Where this turn's answer may be found and kept; None: the turn is not cached at all.
 
-        A turn whose question, prompt window or confirmed facts carry personal data is never
-        cached: its answer may repeat that data. Otherwise a context-free turn is shared by the
-        bot's users, a confirmed cacheable intent by everyone asking it with the same slots, and
-        a follow-up only by this user with exactly the same conversation before it.
+        A turn whose question, prompt window, confirmed facts or slots carry personal data is
+        never cached: its answer may repeat that data. Otherwise a context-free turn is shared
+        by the bot's users, a follow-up only by this user after exactly the same conversation.
+        A confirmed cacheable intent is shared by everyone asking it with the same slots, but
+        only an answer the model wrote with no conversation before it is kept there: the bot
+        says such answers do not depend on the conversation, and one written after somebody's
+        conversation could still repeat it. `bot` replaces the engine's bot fingerprint (the
+        LangChain path: a conversation brings its own system prompt).
         """
-        base = self.base
+        base = replace(self.base, bot=bot) if bot is not None else self.base
         window = conversation.turns[conversation.context_start :]
         slots = {str(name): str(value) for name, value in conversation.state.get("dialogue", {}).get("slots", {}).items()}
         told = [m.content for m in window] + [f.value for f in conversation.facts] + [*slots.values(), question]
         if any_personal_data(told):
             return None
+        context_free = not window and not conversation.facts
         flow_answer = context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE")
         if flow_answer and context.intent is not None:
-            return Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots)), True
-        if not window and not conversation.facts:
-            return base, False
+            intent = Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots))
+            return AnswerScope(intent, intent=True, across_users=True, storable=context_free)
+        if context_free:
+            return AnswerScope(base, intent=False, across_users=True, storable=True)
         seen = [(m.role, m.content) for m in conversation.window()]
-        return Scope(base.model, base.bot, base.tenant, conversation_context(self.conversations.user_id, seen)), False
+        follow_up = Scope(base.model, base.bot, base.tenant, conversation_context(self.conversations.user_id, seen))
+        return AnswerScope(follow_up, intent=False, across_users=False, storable=True)
 
-    def lookup(
-        self, text: str, scope: Scope, intent_scoped: bool, context: TurnContext, params: GenerationConfig
-    ) -> CacheHit | None:
-        """The stored answer for `text` in `scope`, if one may be served for this turn."""
+    def lookup(self, text: str, where: AnswerScope, context: TurnContext, params: GenerationConfig) -> CacheHit | None:
+        """The stored answer for `text` in `where`, if one may be served for this turn."""
         # A sampled reply is meant to vary: neither served from nor stored in the cache.
         if params.temperature > 0 or context.bot_reply is not None:
             return None
-        return self.cache.lookup(text, scope, embedding=context.embedding, intent_scoped=intent_scoped)
+        return self.cache.lookup(
+            text, where.scope, embedding=context.embedding, intent_scoped=where.intent, across_users=where.across_users
+        )
 
     def store(
         self,
         text: str,
         reply: Message,
-        scope: Scope,
-        intent_scoped: bool,
+        where: AnswerScope,
         context: TurnContext,
         stats: TurnStats,
         params: GenerationConfig,
         started: float,
     ) -> None:
         """Keep a finished greedy answer; the cache itself refuses uncertain (high-entropy) ones."""
-        if params.temperature > 0 or stats.finish_reason != "eos":
+        if params.temperature > 0 or stats.finish_reason != "eos" or not where.storable:
             return
         self.cache.store(
             text,
             reply.content,
-            scope,
+            where.scope,
             entropy_bits=stats.mean_entropy_bits,
             latency_ms=(time.perf_counter() - started) * 1000,
             embedding=context.embedding,
-            intent=context.intent if intent_scoped else None,
+            intent=context.intent if where.intent else None,
         )
 
     def maybe_audit(self, hit: CacheHit, params: GenerationConfig, prompt: Callable[[], list[int]]) -> None:
@@ -142,10 +168,10 @@ class CachedAnswers:
         if not conversation.lock.acquire(blocking=False):
             return False  # the session is in a turn: its own answer comes first
         try:
-            scoped = self.scope(conversation, TurnContext(), question)
-            if scoped is None or self.cache.contains(question, scoped[0]):
+            where = self.scope(conversation, TurnContext(), question)
+            if where is None or not where.storable or self.cache.contains(question, where.scope):
                 return False
-            scope = scoped[0]
+            scope = where.scope
             memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
             prompt = self.renderer.conversation_ids([*conversation.window(), Message("user", question)], memo)
         finally:

@@ -20,6 +20,11 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--no-drift", action="store_true", help="do not detect topic changes")
     parser.add_argument("--no-answer-cache", action="store_true", help="always run the model")
+    parser.add_argument(
+        "--user",
+        default=None,
+        help="whose sessions to use (default: 'app' in the chat app, 'local' for ask, --plain and Python scripts)",
+    )
 
 
 def _evaluation(name: str) -> Callable[[list[str]], int]:
@@ -40,19 +45,20 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     chat = commands.add_parser("chat", help="chat in the terminal with the bundled model (or --model)")
     _engine_options(chat)
-    chat.add_argument("--session", default=None, help="session id (default: the most recent one)")
+    chat.add_argument("--session", default=None, help="session id to continue (default: a new conversation)")
     chat.add_argument("--plain", action="store_true", help="line mode, for pipes and non-TTY use")
     ask = commands.add_parser("ask", help="answer one message in a session, then exit")
     _engine_options(ask)
     ask.add_argument("--session", required=True, help="session id; the conversation continues from the database")
     ask.add_argument("--json", action="store_true", help="print one JSON object")
     ask.add_argument("text", help="the user's message")
+    commands.add_parser("bots", help="list the shipped bots (what --bot NAME accepts besides a YAML file)")
     evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs")
     evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
     return parser
 
 
-def _engine_factory(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _engine_factory(args: argparse.Namespace, user_id: str = "local"):  # type: ignore[no-untyped-def]
     """Engines for one model: the chat app builds a new one when the user switches bots."""
     from chatcache import ChatEngine, load_chat_model
 
@@ -67,6 +73,7 @@ def _engine_factory(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             bot=bot,
             drift=not args.no_drift,
             answer_cache=not args.no_answer_cache,
+            user_id=args.user or user_id,
         )
 
     return build
@@ -98,21 +105,66 @@ def _ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offline_by_default() -> None:
+    """Keep the hub offline unless the user says otherwise (HF_HUB_OFFLINE=0 downloads models).
+
+    huggingface_hub reads HF_HUB_OFFLINE once, when it is imported, so this runs before
+    anything imports it (the `chatcache` package imports its modules lazily for this). Offline,
+    a model name that is neither local nor in the HF cache fails at once with our message,
+    instead of after about a minute of retries against an unreachable hub.
+    """
+    if "HF_HUB_OFFLINE" not in os.environ and "TRANSFORMERS_OFFLINE" not in os.environ:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def _check_bot(bot: str | None) -> None:
+    """Fail on a wrong --bot before the model loads (which takes seconds), naming the shipped bots.
+
+    Raises:
+        BotDefinitionError: no such file or shipped bot, or the file is not a valid bot.
+    """
+    if bot is None:
+        return
+    from dialog import BotDefinitionError, load_bot, shipped_bots
+
+    try:
+        load_bot(bot)
+    except FileNotFoundError:
+        raise BotDefinitionError(
+            [
+                f"no bot {bot!r}: it is neither a bot YAML file nor a shipped bot. "
+                f"Shipped bots: {', '.join(shipped_bots())} (`chatcache bots` lists them)."
+            ]
+        ) from None
+
+
+def _list_bots() -> int:
+    from dialog import load_bot, shipped_bots
+
+    for name in shipped_bots():
+        intents = [intent.name for intent in load_bot(name).intents]
+        print(f"{name}: {len(intents)} intents ({', '.join(intents)})")
+    print("Use one with --bot NAME, or pass --bot path/to/bot.yaml (see dialog/bots/ for the format).")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    _offline_by_default()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) >= 2 and argv[0] == "eval" and argv[1] in EVALUATIONS:
         # Each evaluation parses its own options (`chatcache eval pairs --tsv ... --json`).
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
         return _evaluation(argv[1])(argv[2:])
     args = _parser().parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.command == "bots":
+        return _list_bots()
     quiet = getattr(args, "json", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from chatcache import ChatCacheError, StorageError
     from dialog import BotDefinitionError
 
     try:
+        _check_bot(args.bot)
         if args.command == "ask":
             return _ask(args)
         if args.plain or not sys.stdin.isatty() or not sys.stdout.isatty():
@@ -123,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                 return run_plain_chat(engine, args.session or "default", args.max_new_tokens, sys.stdin, sys.stdout)
             finally:
                 engine.close()
-        from apps.tui import run_tui
+        from apps.tui import APP_USER, run_tui
 
-        return run_tui(_engine_factory(args), session_id=args.session, bot=args.bot, max_new_tokens=args.max_new_tokens)
-    except (ChatCacheError, StorageError, BotDefinitionError, FileNotFoundError) as exc:  # no bot file of that name
+        return run_tui(_engine_factory(args, APP_USER), session_id=args.session, bot=args.bot, max_new_tokens=args.max_new_tokens)
+    except (ChatCacheError, StorageError, BotDefinitionError) as exc:
         print(f"chatcache: {exc}", file=sys.stderr)
         return 2
 

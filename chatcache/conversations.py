@@ -303,8 +303,11 @@ class Conversations:
             with self._lock:
                 if self._loaded.get(session_id) is not conversation:
                     return False  # rebuilt meanwhile: a turn may hold the new copy
-                del self._loaded[session_id]
+            # Released while this copy is still the loaded one and its lock is held: no turn can
+            # start on the session until it is gone, so none sees its state half released.
             release()
+            with self._lock:
+                del self._loaded[session_id]
         finally:
             conversation.lock.release()
         return True

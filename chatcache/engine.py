@@ -305,7 +305,7 @@ class ChatEngine:
             )
             stats = TurnStats(drift=context.drift)
             answer_scope = self.answers.scope(conversation, context, text) if self.answers else None
-            hit = self.answers.lookup(text, *answer_scope, context, params) if self.answers and answer_scope else None
+            hit = self.answers.lookup(text, answer_scope, context, params) if self.answers and answer_scope else None
             if context.bot_reply is not None:
                 # The flow needs a slot or a confirmation: the bot's own question is the answer.
                 stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - started
@@ -331,7 +331,7 @@ class ChatEngine:
                     return
                 reply = generated[0]
                 if self.answers is not None and answer_scope is not None:
-                    self.answers.store(text, reply, *answer_scope, context, stats, params, started)
+                    self.answers.store(text, reply, answer_scope, context, stats, params, started)
             meta = {
                 "tier": stats.tier,
                 "finish_reason": stats.finish_reason,

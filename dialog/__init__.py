@@ -7,6 +7,7 @@ from .classifier import Embed, IntentClassifier, IntentResult
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow, Intent, Slot
 from .loader import BotDefinitionError, load_bot, parse_bot
 from .manager import DialogueManager, TurnDecision
+from .shipped import shipped_bots
 from .slots import SlotExtractor
 from .state_machine import (
     TRANSITIONS,
@@ -40,4 +41,5 @@ __all__ = [
     "SlotExtractor",
     "load_bot",
     "parse_bot",
+    "shipped_bots",
 ]

@@ -7,6 +7,7 @@ step instead of being silently out of date. A test checks that the two agree.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,6 +29,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+
+log = logging.getLogger("chatcache")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -125,9 +128,17 @@ class MessageRow(Base):
             content=self.content,
             token_count=self.token_count,
             created_at=self.created_at,
-            meta=None if self.meta is None else dict(self.meta),
+            meta=_meta(self),
             reply_to=self.reply_to,
         )
+
+
+def _meta(row: MessageRow) -> dict[str, Any] | None:
+    """The row's meta as a mapping; a value that is not one (a tampered row) reads as none."""
+    if row.meta is None or isinstance(row.meta, dict):
+        return None if row.meta is None else dict(row.meta)
+    log.warning("session %r message %d: its meta is not a JSON object; ignoring it", row.session_id, row.seq)
+    return None
 
 
 class FactRow(Base):

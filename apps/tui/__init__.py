@@ -1,5 +1,5 @@
 """The Textual terminal chat app: `run_tui(engine)` opens it (`chatcache chat`)."""
 
-from .app import ChatApp, run_tui
+from .app import APP_USER, ChatApp, run_tui
 
-__all__ = ["ChatApp", "run_tui"]
+__all__ = ["APP_USER", "ChatApp", "run_tui"]

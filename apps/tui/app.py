@@ -24,8 +24,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, OptionList
 
 from chatcache import ChatEngine, Reply, ReplyStream, StorageError
+from dialog import shipped_bots
 
-from .export import export_session
+from .export import default_export_dir, export_session
 from .screens import AskScreen, ConfirmScreen, HelpScreen, RenameScreen
 from .turns import TurnRecord
 from .widgets import CachePanel, ChatLog, ChatMessage, PromptInput, SessionList
@@ -34,9 +35,14 @@ FLUSH_S = 0.05  # the longest a streamed piece waits before it is shown
 
 EngineFactory = Callable[[Union[str, None]], ChatEngine]
 
+# The user id of the app's sessions (`chatcache chat` passes it to its engines): sessions made
+# by `chatcache ask` and scripts belong to another user and stay out of the sidebar.
+APP_USER = "app"
+
 
 def default_session_id() -> str:
-    return datetime.now().strftime("chat-%Y%m%d-%H%M%S")
+    # Short enough for the 80-column sidebar; a second new session in the same minute gets "-2".
+    return datetime.now().strftime("chat-%m%d-%H%M")
 
 
 class ChatApp(App[int]):
@@ -45,15 +51,16 @@ class ChatApp(App[int]):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "chatcache"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # The footer shows what fits in 80 columns; F1 (help) and Ctrl+P list every key and command.
     BINDINGS = [
-        Binding("escape", "cancel", "Cancel reply"),
-        Binding("ctrl+n", "new_session", "New"),
-        Binding("f2", "rename_session", "Rename"),
-        Binding("f8", "delete_session", "Delete"),
-        Binding("f5", "export_session", "Export"),
-        Binding("f3", "toggle_sidebar", "Sessions"),
-        Binding("f4", "toggle_panel", "Cache panel"),
-        Binding("f1,question_mark", "help", "Help", key_display="F1/?"),
+        Binding("escape", "cancel", "Cancel", tooltip="Cancel the reply being generated"),
+        Binding("ctrl+n", "new_session", "New", tooltip="Start a new conversation"),
+        Binding("f2", "rename_session", "Rename", show=False, tooltip="Give the open session a title"),
+        Binding("f8", "delete_session", "Delete", show=False, tooltip="Delete the open session"),
+        Binding("f5", "export_session", "Export", tooltip="Write the session as Markdown and JSON"),
+        Binding("f3", "toggle_sidebar", "Sessions", tooltip="Show or hide the sessions sidebar"),
+        Binding("f4", "toggle_panel", "Cache", tooltip="Show or hide the cache panel"),
+        Binding("f1,question_mark", "help", "Help", key_display="f1", tooltip="List every key"),
     ]
 
     def __init__(
@@ -91,8 +98,30 @@ class ChatApp(App[int]):
         yield Footer()
 
     async def on_mount(self) -> None:
-        await self.open_session(self.session_id or self._latest_session() or self._fresh_id())
+        # A new conversation unless one was asked for: the latest session may be another
+        # process's, halfway through a flow. The sidebar lists the earlier ones to pick from.
+        requested = self.session_id if self.session_id and self._continuable(self.session_id) else ""
+        await self.open_session(requested or self._fresh_id())
         self.query_one(PromptInput).focus()
+
+    def _continuable(self, session_id: str) -> bool:
+        """Whether this engine may add turns to `session_id`; if not, say how to continue it."""
+        try:
+            session = self.engine.store.get_session(session_id)
+        except KeyError:  # UnknownSessionError: a new session of that name
+            return True
+        mine = (self.engine.conversations.user_id, self.engine.conversations.bot)
+        if (session.user_id, session.bot) == mine:
+            return True
+        self.notify(
+            f"Session {session_id} belongs to user {session.user_id!r} and bot {session.bot!r}; "
+            f"to continue it: chatcache chat --session {session_id} --user {session.user_id}"
+            + ("" if session.bot == "default" else f" --bot {session.bot}"),
+            title="Opened a new conversation instead",
+            severity="warning",
+            timeout=15,
+        )
+        return False
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -106,13 +135,20 @@ class ChatApp(App[int]):
         return sessions[0].id if sessions else None
 
     def _fresh_id(self) -> str:
-        taken = {s.id for s in self.engine.sessions()}
+        """A session id no one has used, whichever user or bot its session belongs to."""
         candidate = base = self.new_session_id()
         suffix = 1
-        while candidate in taken:
+        while self._exists(candidate):
             suffix += 1
             candidate = f"{base}-{suffix}"
         return candidate
+
+    def _exists(self, session_id: str) -> bool:
+        try:
+            self.engine.store.get_session(session_id)
+        except KeyError:  # UnknownSessionError
+            return False
+        return True
 
     def refresh_sessions(self) -> None:
         self.query_one(SessionList).show(self._sessions(), self.session_id, self.pending)
@@ -298,14 +334,15 @@ class ChatApp(App[int]):
         def export(directory: str | None) -> None:
             if directory is None:
                 return
+            target = Path(directory) if directory else default_export_dir()
             try:
-                markdown, data = export_session(self.engine.store, self.session_id, Path(directory or "."))
+                markdown, data = export_session(self.engine.store, self.session_id, target)
             except Exception as exc:
                 self.notify(str(exc), title="Export failed", severity="error")
                 return
-            self.notify(f"Wrote {markdown} and {data}", title="Exported")
+            self.notify(f"Wrote {markdown.name} and {data.name} to {markdown.parent}", title="Exported", timeout=15)
 
-        self.push_screen(AskScreen("Export session to directory", str(Path.cwd())), export)
+        self.push_screen(AskScreen("Export session to directory", str(default_export_dir())), export)
 
     def action_switch_bot(self) -> None:
         if self._busy():
@@ -320,7 +357,8 @@ class ChatApp(App[int]):
                 self._load_engine(bot or None)
 
         self.push_screen(
-            AskScreen("Switch bot", self.bot or "", "customer_service, a bot YAML file, or empty for none"), switch
+            AskScreen("Switch bot", self.bot or "", f"{', '.join(shipped_bots())}, a bot YAML file, or empty for none"),
+            switch,
         )
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
@@ -336,7 +374,7 @@ class ChatApp(App[int]):
     async def _use_engine(self, engine: ChatEngine, bot: str | None) -> None:
         old, self.engine, self.bot = self.engine, engine, bot
         old.close()  # spills its KV, so switching back later reuses it
-        await self.open_session(self._latest_session() or self._fresh_id())
+        await self.open_session(self._fresh_id())
         self.notify(f"Now chatting with bot {engine.conversations.bot}.")
 
     def action_toggle_panel(self) -> None:
@@ -346,7 +384,11 @@ class ChatApp(App[int]):
         self.query_one(SessionList).toggle_class("-toggled")
 
     def action_help(self) -> None:
-        keys = [(self.get_key_display(b), b.description) for b in self.BINDINGS if isinstance(b, Binding)]
+        keys = [
+            (" ".join(self.get_key_display(Binding(key, b.action)) for key in b.key.split(",")), b.tooltip or b.description)
+            for b in self.BINDINGS
+            if isinstance(b, Binding)
+        ]
         keys += [("Ctrl+P", "Command palette"), ("Ctrl+Q", "Quit")]
         self.push_screen(HelpScreen(keys))
 
@@ -375,7 +417,7 @@ def run_tui(
     Args:
         engine: a `ChatEngine`, or a factory `bot -> ChatEngine` (called with `bot` at start and
             again by "Switch bot"; each call must return an engine with its own session store).
-        session_id: the session to open; by default the most recently active one, else a new one.
+        session_id: the session to open; by default a new one (the sidebar lists the others).
         bot: the bot passed to the factory (ignored with an engine, which has its bot already).
         max_new_tokens: reply length limit per turn.
 

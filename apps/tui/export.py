@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
-from storage import ChatSession, SessionStore
+from storage import ChatSession, SessionStore, default_data_dir
 from storage import Message as StoredMessage
 
 _SPEAKERS = {"user": "You", "assistant": "Bot", "system": "System"}
@@ -43,6 +44,17 @@ def session_json(session: ChatSession, messages: list[StoredMessage]) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
+def default_export_dir() -> Path:
+    """`chatcache` in the user's documents folder if there is one, else `exports` in the data dir.
+
+    Not the working directory: run from a checkout, that put conversations inside the repository.
+    """
+    documents = os.environ.get("XDG_DOCUMENTS_DIR") or str(Path.home() / "Documents")
+    if Path(documents).expanduser().is_dir():
+        return Path(documents).expanduser() / "chatcache"
+    return default_data_dir() / "exports"
+
+
 def export_session(store: SessionStore, session_id: str, directory: Path) -> tuple[Path, Path]:
     """Write `<session>.md` and `<session>.json` into `directory` (created if missing).
 
@@ -52,7 +64,7 @@ def export_session(store: SessionStore, session_id: str, directory: Path) -> tup
     """
     session = store.get_session(session_id)
     messages = store.messages(session_id)
-    directory = Path(directory).expanduser()
+    directory = Path(directory).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^\w.-]+", "_", session_id)
     markdown, json_file = directory / f"{stem}.md", directory / f"{stem}.json"

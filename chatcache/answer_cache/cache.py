@@ -21,12 +21,13 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 
 from storage import AnswerEntries, AnswerRecord
+from storage.rules import text_problem
 
 from .config import AnswerCacheConfig
 from .index import VectorIndex
 from .keys import Scope, normalize
 from .lfu import Heat, LfuPlus
-from .verify import verify
+from .verify import Verdict, echoes_particulars, verify
 
 Embed = Callable[[list[str]], np.ndarray]
 _ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, besides text and vector
@@ -127,7 +128,14 @@ class AnswerCache:
 
     # -- lookup -------------------------------------------------------------------------
 
-    def lookup(self, question: str, scope: Scope, embedding: np.ndarray | None = None, intent_scoped: bool = False) -> CacheHit | None:
+    def lookup(
+        self,
+        question: str,
+        scope: Scope,
+        embedding: np.ndarray | None = None,
+        intent_scoped: bool = False,
+        across_users: bool = False,
+    ) -> CacheHit | None:
         """The cached answer for `question` in `scope`, or None.
 
         Args:
@@ -135,6 +143,9 @@ class AnswerCache:
             scope: where the answer must be valid.
             embedding: the question's unit embedding if the caller already has it.
             intent_scoped: the scope is a confirmed cacheable intent: a lower threshold applies.
+            across_users: the scope is shared by users: an answer found by meaning is refused
+                when it repeats particulars of its own question that this one lacks (another
+                user's name, say). An exact match is the same question, so it is served.
         """
         started = time.perf_counter()
         normalized = normalize(question)
@@ -156,13 +167,14 @@ class AnswerCache:
             if not candidates:
                 self.stats.misses += 1
                 return None
-            if not self.config.verify:
-                entry_id, similarity = candidates[0]
-                return self._hit(entry_id, similarity, exact=False, started=started)
             # Every stored wording of the winning answer may vouch for it: serve through the
             # closest one that passes verification, so one odd rewording does not block it.
+            verdict = Verdict(False, "echoes another question's particulars")
             for entry_id, similarity in candidates:
-                verdict = verify(question, self._entries[entry_id].record.question)
+                record = self._entries[entry_id].record
+                if across_users and echoes_particulars(question, record.question, record.answer):
+                    continue
+                verdict = verify(question, record.question) if self.config.verify else Verdict(True)
                 if verdict.ok:
                     return self._hit(entry_id, similarity, exact=False, started=started)
             self.stats.refused_by_verification += 1
@@ -247,8 +259,8 @@ class AnswerCache:
         (LangChain's cache contract) instead of kept.
         """
         normalized = normalize(question)
-        if not normalized or not answer.strip():
-            return False
+        if not normalized or not answer.strip() or text_problem(question) or text_problem(answer):
+            return False  # nothing to key, or text the database cannot store (a NUL, a lone surrogate)
         if entropy_bits > self.config.max_entropy_bits:
             with self._lock:
                 self.stats.refused_high_entropy += 1

@@ -78,6 +78,19 @@ def verify(query: str, cached: str) -> Verdict:
     return Verdict(True)
 
 
+def echoes_particulars(query: str, cached: str, answer: str) -> bool:
+    """Whether `answer` repeats words of the question it was written for that `query` lacks.
+
+    An answer shared between users can carry one user's data only by repeating their question
+    ("Dear team, Jane Doe has the flu" for a note about Jane Doe). A paraphrase has no business
+    getting such an answer, whatever the words are (a name, a place, a condition), so no list of
+    what counts as personal is needed. Forms of one word count as one (their first letters).
+    """
+    asked = {w[:STEM_CHARS] for w in content_words(words(query))}
+    particular = {w[:STEM_CHARS] for w in content_words(words(cached))} - asked
+    return bool(particular & {w[:STEM_CHARS] for w in content_words(words(answer))})
+
+
 def _shared_share(a: list[str], b: list[str]) -> float:
     """Share of the shorter text's distinct content words that the other text has too."""
     sa, sb = set(a), set(b)

@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import weakref
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Generator, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..answer_cache import Scope, any_personal_data, bot_fingerprint, conversation_context
+from storage.rules import text_problem
+
+from ..answer_cache import bot_fingerprint
+from ..answering import AnswerScope, CachedAnswers
 from ..config import GenerationConfig
+from ..conversations import Conversation
 from ..errors import InvalidMessageError
 from ..hcac import TurnContext
 from ..prompt import Message, RenderedSegments
@@ -68,15 +71,22 @@ class ReplyIds:
 
 
 class _KeyLocks:
-    """One lock per token-tier key: a key's turns must not overlap (the token tier's rule)."""
+    """One lock per token-tier key: a key's turns must not overlap (the token tier's rule).
+
+    A lock lives while a turn holds it or waits for it, then goes: conversations come and go,
+    and their locks must not pile up.
+    """
 
     def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
         self._guard = threading.Lock()
 
     def get(self, key: str) -> threading.Lock:
         with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.Lock()
+            return lock
 
 
 # Per-engine state, dropped with the engine (an id() key could be reused by a later engine).
@@ -151,6 +161,9 @@ def _checked(engine: ChatEngine, messages: Sequence[Message]) -> list[Message]:
     for message in messages:
         if message.role not in ROLES:
             raise InvalidMessageError(f"Unknown role {message.role!r}: use one of {', '.join(ROLES)}.")
+        problem = text_problem(message.content)
+        if problem is not None:  # the tokenizer and the answer cache's database would fail on it later
+            raise InvalidMessageError(f"A {message.role} message {problem}: remove that character and send it again.")
     if messages[-1].role != "user":
         raise InvalidMessageError(f"The last message must be the user's, not the {messages[-1].role}'s.")
     if not messages[-1].content.strip():
@@ -161,20 +174,13 @@ def _checked(engine: ChatEngine, messages: Sequence[Message]) -> list[Message]:
     return conversation
 
 
-def _scope(base: Scope, owner: str, conversation: list[Message]) -> Scope | None:
-    """The engine's scope rules; None when the conversation carries personal data and is not cached.
-
-    The conversation's system prompt is the bot; a first question is shared by the bot's
-    users, a follow-up only by this user with exactly the same messages before it.
-    """
-    system = conversation[0].content if conversation[0].role == "system" else None
-    told = [m.content for m in conversation if m.role != "system"]
-    if any_personal_data(told):
-        return None
-    earlier = [(m.role, m.content) for m in conversation[:-1]]
-    followed = any(m.role != "system" for m in conversation[:-1])
-    context = conversation_context(owner, earlier) if followed else ""
-    return replace(base, bot=bot_fingerprint(system), context=context)
+def _scope(answers: CachedAnswers, conversation: list[Message]) -> AnswerScope | None:
+    """The engine's scope rules, on a conversation that brings its own system prompt (the bot)."""
+    system = conversation[0] if conversation[0].role == "system" else None
+    earlier = conversation[1 if system else 0 : -1]
+    held = Conversation("langchain", system=system, turns=list(earlier))
+    bot = bot_fingerprint(system.content if system else None)
+    return answers.scope(held, TurnContext(), conversation[-1].content, bot=bot)
 
 
 def _run(
@@ -185,8 +191,8 @@ def _run(
     question = conversation[-1].content
     stats = TurnStats()
     answers = engine.answers
-    scope = _scope(answers.base, engine.conversations.user_id, conversation) if answers is not None else None
-    hit = answers.lookup(question, scope, False, TurnContext(), params) if answers and scope else None
+    scope = _scope(answers, conversation) if answers is not None else None
+    hit = answers.lookup(question, scope, TurnContext(), params) if answers and scope else None
     if hit is not None:
         stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
         stats.ttft_s = stats.total_s = time.perf_counter() - started
@@ -204,6 +210,7 @@ def _run(
     # same instructions start from its KV.
     system = engine.renderer.system_ids(conversation[0].content) if conversation[0].role == "system" else []
     out: list[Message] = []
+    engine.resident.touch(key)  # its KV and heat are let go of like an idle session's
     with key_locks.get(key):
         yield from engine.runner.stream(key, prompt, params, stats, started, out, prefix=system)
     if not out:
@@ -212,7 +219,7 @@ def _run(
     if stats.finish_reason != "stop":  # a reply cut at a stop string is not its ids' text
         reply_ids.remember(reply.content, reply.generated_ids or ())
     if answers is not None and scope is not None:
-        answers.store(question, reply, scope, False, TurnContext(), stats, params, started)
+        answers.store(question, reply, scope, TurnContext(), stats, params, started)
     stats.total_s = time.perf_counter() - started
     stats.kv_bytes = engine.token_tier.resident_bytes()
     holder.append(Reply(key, reply.content, list(reply.generated_ids or ()), stats))

@@ -6,7 +6,8 @@ last message's text; the scope's context is a fingerprint of `llm_string` and of
 earlier message, so an answer is only served to the same model, settings and conversation,
 and a follow-up ("and in French?") never meets another conversation's answer. Within that
 scope the answer cache matches the question exactly or by meaning (its embedding, the vote
-and the verification checks). The value stored is LangChain's list of generations, serialised.
+and the verification checks); every caller shares the cache, so an answer found by meaning
+is refused when it repeats particulars of its own question that this one lacks. The value stored is LangChain's list of generations, serialised.
 
 Entries live in their own SQLite file in the data directory by default (not in the engine's
 `chatcache.db`), so `clear()` empties this cache and never the engine's answer cache.
@@ -17,7 +18,6 @@ LangChain cache does.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import warnings
 from collections.abc import Callable, Sequence
@@ -30,8 +30,7 @@ from langchain_core.outputs import ChatGeneration
 
 from storage import SessionStore
 
-from ..answer_cache import AnswerCache, AnswerCacheConfig, Scope
-from ..answer_cache.keys import normalize
+from ..answer_cache import AnswerCache, AnswerCacheConfig, Scope, conversation_context
 from ..config import default_data_dir
 from ..hcac import sentence_embed
 from ..models import load_embedder
@@ -79,10 +78,8 @@ def _marked(generation: Any) -> Any:
 
 
 def _context(llm_string: str, earlier: Sequence[tuple[str, str]]) -> str:
-    digest = hashlib.sha256(llm_string.encode())
-    for role, text in earlier:
-        digest.update(f"\0{role}\0{normalize(text)}".encode())
-    return "lc:" + digest.hexdigest()[:32]
+    """The engine's follow-up fingerprint; the model and its settings stand in for the owner."""
+    return conversation_context(llm_string, earlier)
 
 
 class SemanticCache(BaseCache):
@@ -123,7 +120,8 @@ class SemanticCache(BaseCache):
 
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
         question, scope = self._key(prompt, llm_string)
-        hit = self._answers.lookup(question, scope)
+        # Every caller of this cache shares it: an answer found by meaning must not echo another question.
+        hit = self._answers.lookup(question, scope, across_users=True)
         if hit is None:
             return None
         try:

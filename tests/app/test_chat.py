@@ -30,9 +30,9 @@ async def test_sending_streams_the_reply_into_the_log_and_fills_the_cache_panel(
         turn = panel_text(app, "turn-stats")
         assert "tier      prefix" in turn  # a new session starts from the shared system prompt
         assert "reused    28 tok" in turn and "prefilled" in turn and "TTFT" in turn and " ms" in turn
-        assert "answers   model" in turn
+        assert "served by model" in turn
         assert "sessions  1 in memory" in panel_text(app, "memory")
-        assert "hit rate 0% (0/1)" in panel_text(app, "memory")
+        assert "hit rate  0% (0/1)" in panel_text(app, "memory")
 
         await pilot.press(*"and then", "enter")
         await settle(pilot)
@@ -162,7 +162,7 @@ async def test_log_follows_new_text_only_when_at_the_bottom(engine, make_app, se
 
 
 async def test_drift_and_dialogue_are_shown_in_the_panel(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
-    """A turn flagged as a topic change shows "context reset: topic changed"; state and intent show with confidence."""
+    """A turn flagged as a topic change shows "turn 1: topic changed"; state and intent show with confidence."""
     from chatcache import Reply, TurnStats
 
     def scripted(session_id, text, **kwargs):  # type: ignore[no-untyped-def]
@@ -176,7 +176,7 @@ async def test_drift_and_dialogue_are_shown_in_the_panel(engine, make_app, settl
         await pilot.press(*"book a table", "enter")
         await settle(pilot)
         dialogue = panel_text(app, "dialogue")
-        assert "state     COLLECTING" in dialogue and "intent    book_table (0.87)" in dialogue
-        assert "turn 1: context reset: topic changed" in dialogue
-        assert "answers   cache hit" in panel_text(app, "turn-stats")
-        assert "hit rate 100% (1/1)" in panel_text(app, "memory")
+        assert "state     COLLECTING" in dialogue and "intent    book_table\n          confidence 0.87" in dialogue
+        assert "turn 1: topic changed" in dialogue
+        assert "served by answer cache" in panel_text(app, "turn-stats")
+        assert "hit rate  100% (1/1)" in panel_text(app, "memory")

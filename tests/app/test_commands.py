@@ -43,6 +43,41 @@ async def test_export_writes_markdown_and_json(engine, make_app, settle, tmp_pat
     assert "token_ids" not in data["messages"][1]["meta"]
 
 
+async def test_export_defaults_to_the_documents_folder_and_says_where(  # type: ignore[no-untyped-def]
+    engine, make_app, settle, notices, tmp_path, monkeypatch
+) -> None:
+    """Enter on the proposed directory writes into ~/Documents/chatcache, not the working
+    directory, and the notice names the folder."""
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_DOCUMENTS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    app = make_app(engine)
+    seen = notices(app)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press(*"hello", "enter")
+        await settle(pilot)
+        await pilot.press("f5")
+        await pilot.pause()
+        assert app.screen.query_one("#answer").value == str(home / "Documents" / "chatcache")
+        await pilot.press("enter")
+        await pilot.pause()
+    assert (home / "Documents" / "chatcache" / "s-1.md").is_file()
+    assert not (tmp_path / "s-1.md").exists()
+    assert (f"Wrote s-1.md and s-1.json to {home / 'Documents' / 'chatcache'}", "information") in seen
+
+
+def test_without_a_documents_folder_exports_go_to_the_data_dir(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No ~/Documents (a server, a container): exports go under the data directory."""
+    from apps.tui.export import default_export_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "bare-home"))
+    monkeypatch.delenv("XDG_DOCUMENTS_DIR", raising=False)
+    monkeypatch.setenv("CHATCACHE_DATA_DIR", str(tmp_path / "data"))
+    assert default_export_dir() == tmp_path / "data" / "exports"
+
+
 async def test_clear_caches_empties_the_kv_tier(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
     """"Clear caches" frees the KV: the panel shows 0 sessions in memory and the next turn reuses only the system prompt ("tier prefix")."""
     app = make_app(engine)
@@ -78,8 +113,9 @@ async def test_switch_bot_uses_the_engine_factory(tiny_model, make_engine, make_
         await pilot.press(*"I want to transfer 200 dollars to account 12345678", "enter")
         await settle(pilot)
         dialogue = str(app.query_one("#dialogue").render())
-        assert "state     CONFIRMING" in dialogue and "intent    transfer_money (" in dialogue
-        assert "tier      dialog" in str(app.query_one("#turn-stats").render())
+        assert "state     CONFIRMING" in dialogue and "intent    transfer_money\n          confidence " in dialogue
+        turn = str(app.query_one("#turn-stats").render())
+        assert "tier      dialog" in turn and "served by bot's flow" in turn  # the model did not answer
     app.engine.close()
 
 
@@ -114,18 +150,32 @@ async def test_f3_toggles_the_sessions_sidebar(engine, make_app) -> None:  # typ
 
 
 async def test_help_screen_lists_the_keys(engine, make_app) -> None:  # type: ignore[no-untyped-def]
-    """F1 opens a table of keys (Esc, Ctrl+N, F2, ...); Esc closes it."""
+    """F1 opens a table of keys (Esc, Ctrl+N, F2, ...), also those the footer leaves out; Esc closes it."""
     app = make_app(engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("f1")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         keys = dict(app.screen.keys)
-        assert keys["esc"] == "Cancel reply" and keys["^n"] == "New" and keys["f4"] == "Cache panel"
+        assert keys["esc"] == "Cancel the reply being generated" and keys["^n"] == "Start a new conversation"
+        assert keys["f4"] == "Show or hide the cache panel" and keys["f1 ?"] == "List every key"
+        assert keys["f2"].startswith("Give the open session a title") and keys["f8"] == "Delete the open session"
         assert keys["Up / Down"].startswith("Previous")
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_at_80x24_the_footer_shows_every_key_up_to_help(engine, make_app) -> None:  # type: ignore[no-untyped-def]
+    """At 80 columns the footer fits: Cancel, New, Export, Sessions, Cache (F4) and Help (F1) are all on screen."""
+    from textual.widgets._footer import FooterKey
+
+    app = make_app(engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        shown = {key.key_display: key.region for key in app.screen.query(FooterKey)}
+        assert {"esc", "^n", "f5", "f3", "f4", "f1"} <= set(shown)
+        assert all(region.width > 0 and region.right <= 80 for region in shown.values())
 
 
 async def test_palette_offers_every_app_command(engine, make_app) -> None:  # type: ignore[no-untyped-def]

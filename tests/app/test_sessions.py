@@ -12,7 +12,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_new_sessions_are_listed_most_recent_first_and_resume_on_select(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
-    """Ctrl+N starts "s-2 (new)" at the top; choosing s-1 in the sidebar brings its messages back and moves it up."""
+    """Ctrl+N starts "(new) s-2" at the top; choosing s-1 in the sidebar brings its messages back and moves it up."""
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
         sidebar = app.query_one(SessionList)
@@ -22,7 +22,7 @@ async def test_new_sessions_are_listed_most_recent_first_and_resume_on_select(en
         await pilot.pause()
         assert app.session_id == "s-2" and app.query_one(ChatLog).messages == []
         assert sidebar.session_ids == ["s-2", "s-1"]
-        assert str(sidebar.get_option_at_index(0).prompt) == "s-2 (new)"
+        assert str(sidebar.get_option_at_index(0).prompt) == "(new) s-2"
         await pilot.press(*"two", "enter")
         await settle(pilot)
         assert sidebar.session_ids == ["s-2", "s-1"]
@@ -60,7 +60,6 @@ async def test_delete_asks_then_removes_the_session_and_its_history(engine, make
     seed_session(engine, "older", [("hi", "hello")])
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("ctrl+n")
         await pilot.press(*"doomed", "enter")
         await settle(pilot)
         await pilot.press("f8")
@@ -81,8 +80,9 @@ async def test_delete_asks_then_removes_the_session_and_its_history(engine, make
 async def test_a_restarted_app_lists_every_session_with_history_and_reuses_cached_context(  # type: ignore[no-untyped-def]
     tiny_model, make_engine, make_app, settle, tmp_path
 ) -> None:
-    """Quit and start again on the same database: both sessions are listed, the latest opens with
-    its messages, and its next turn is served from the KV spilled to disk ("tier disk")."""
+    """Quit and start again on the same database: a new conversation opens, both earlier sessions
+    are listed; picking the latest brings its messages back and its next turn is served from the
+    KV spilled to disk ("tier disk")."""
     url = f"sqlite:///{tmp_path}/restart.db"
     kv = TokenTierConfig(spill_dir=tmp_path / "kv")
     first = make_engine(tiny_model, system_prompt="You are a helpful assistant.", store=url, token_tier=kv)
@@ -98,11 +98,18 @@ async def test_a_restarted_app_lists_every_session_with_history_and_reuses_cache
     app = make_app(second)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause()
-        assert app.query_one(SessionList).session_ids == ["s-2", "s-1"]
+        sidebar = app.query_one(SessionList)
+        assert sidebar.session_ids == ["s-1-2", "s-2", "s-1"]  # s-1 is taken: the new one is s-1-2
+        assert app.pending and app.query_one(ChatLog).messages == []
+        sidebar.focus()
+        sidebar.highlighted = 1
+        await pilot.press("enter")
+        await pilot.pause()
         assert app.session_id == "s-2"
         assert [m.role for m in app.query_one(ChatLog).messages] == ["user", "assistant"]
         assert app.query_one(ChatLog).messages[0].text == "beta"
         assert len(app.query_one("#ttft").data) == 1  # the earlier turn's TTFT, from the record
+        app.query_one("#prompt").focus()
         await pilot.press(*"gamma", "enter")
         await settle(pilot)
         assert "tier      disk" in str(app.query_one("#turn-stats").render())
@@ -123,3 +130,40 @@ async def test_a_title_too_long_to_store_is_refused_with_a_notice(engine, make_a
         assert seen == [("session title is 201 characters long, over the limit of 200; nothing was written", "warning")]
         assert engine.store.get_session("s-1").title is None
         assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "s-1"
+
+
+async def test_a_new_start_does_not_open_another_process_s_half_finished_session(  # type: ignore[no-untyped-def]
+    engine, make_app, seed_session
+) -> None:
+    """The most recent session is mid-conversation (another window's, say): a new start opens an
+    empty "(new) s-1" and only lists the other one; --session opens it as asked."""
+    seed_session(engine, "other-window", [("I want to transfer money", "How much?")])
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert app.session_id == "s-1" and app.pending
+        assert app.query_one(ChatLog).messages == []
+        assert app.query_one(SessionList).session_ids == ["s-1", "other-window"]
+    app = make_app(engine, session_id="other-window")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert app.session_id == "other-window" and app.query_one(ChatLog).messages[0].text == "I want to transfer money"
+
+
+async def test_sessions_of_scripts_stay_out_of_the_app(tiny_model, make_engine, make_app, notices) -> None:  # type: ignore[no-untyped-def]
+    """The app's engine is user "app": a session made by `chatcache ask` or a script (user "local")
+    is not listed, and asking for it by id opens a new conversation with a notice on how to continue it."""
+    from apps.tui import APP_USER
+
+    engine = make_engine(tiny_model, system_prompt="You are a helpful assistant.", user_id=APP_USER,
+                         token_tier=TokenTierConfig(spill_dir=None))
+    engine.store.get_or_create_session("script-1", "local", "default")
+    engine.store.append_message("script-1", "user", "from a script", 3)
+    app = make_app(engine, session_id="script-1")
+    seen = notices(app)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert app.session_id == "s-1"
+        assert app.query_one(SessionList).session_ids == ["s-1"]
+        assert any("chatcache chat --session script-1 --user local" in message for message, _ in seen)
+    engine.close()

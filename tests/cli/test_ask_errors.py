@@ -63,4 +63,4 @@ def test_a_missing_bot_file_is_a_message_not_a_traceback(
 ) -> None:
     missing = tmp_path / "nope.yaml"
     assert ask(tiny_model_dir, "--db", f"sqlite:///{tmp_path}/a.db", "--bot", str(missing), "--session", "s", "hi") == 2
-    assert f"no bot file '{missing}'" in capsys.readouterr().err
+    assert f"no bot '{missing}'" in capsys.readouterr().err

@@ -115,3 +115,19 @@ def test_a_window_start_past_the_last_turn_is_clamped_to_it(tiny_model, tmp_path
     with ChatEngine(tiny_model, system_prompt=SYSTEM, store=f"sqlite:///{path}", token_tier=NO_SPILL) as engine:
         assert engine.conversations.open("s", create=False).context_start == 4
         assert engine.chat("s", "What about Paris?", max_new_tokens=6).stats.dropped_turns == 2
+
+
+@pytest.mark.parametrize("meta", ["[1, 2]", '"x"', "3"], ids=["list", "string", "number"])
+def test_a_reply_whose_meta_is_not_an_object_reads_as_having_none(
+    tiny_model, tmp_path: Path, caplog: pytest.LogCaptureFixture, meta: str  # type: ignore[no-untyped-def]
+) -> None:
+    tampered = tmp_path / "tampered.db"
+    recorded_conversation(tiny_model, tampered)
+    with sqlite3.connect(tampered) as conn:
+        conn.execute("UPDATE messages SET meta = ? WHERE session_id = 's' AND seq = 2", (meta,))
+    with ChatEngine(tiny_model, system_prompt=SYSTEM, store=f"sqlite:///{tampered}", token_tier=NO_SPILL) as engine:
+        with caplog.at_level(logging.WARNING, logger="chatcache"):
+            history = engine.history("s")
+        assert "message 2: its meta is not a JSON object" in caplog.text
+        assert len(history) == 4 and history[1].generated_ids is None  # the reply's text is kept
+        assert engine.chat("s", "What about Paris?", max_new_tokens=6).stats.generated_tokens == 6

@@ -121,3 +121,26 @@ def test_answer_cache_serves_a_repeated_question_without_the_model(bundled_model
     again = model.invoke(messages)
     assert again.response_metadata["answer_cache_hit"] and again.response_metadata["tier"] == "answer"
     assert again.content == first.content and again.usage_metadata["input_tokens"] == 0
+
+
+@pytest.mark.parametrize("text", ["hi\ud800", "hi\x00there"], ids=["lone surrogate", "NUL"])
+def test_a_message_no_database_can_store_is_refused_before_the_model_runs(lc_model, text: str) -> None:  # type: ignore[no-untyped-def]
+    from chatcache import InvalidMessageError
+
+    with pytest.raises(InvalidMessageError, match="remove that character"):
+        lc_model().invoke([HumanMessage(text)])
+
+
+def test_many_conversations_keep_the_engines_memory_within_its_bound(tiny_model, make_engine) -> None:  # type: ignore[no-untyped-def]
+    """Each LangChain conversation has its own token-tier key: past the engine's memory bound the
+    least recently used ones are let go of (KV and heat), and no per-key lock outlives its turn."""
+    from chatcache import MemoryConfig
+    from chatcache.langchain.complete import _state
+
+    engine = make_engine(tiny_model, memory=MemoryConfig(max_sessions_in_memory=5))
+    model = CachedChatModel(engine=engine, max_tokens=2)
+    for index in range(20):
+        model.invoke([SystemMessage(SYSTEM), HumanMessage(f"conversation {index}")])
+        assert len(engine.token_tier._heat) <= 5  # noqa: SLF001 - the structure that used to grow
+    _, key_locks = _state(engine)
+    assert len(key_locks._locks) == 0  # noqa: SLF001

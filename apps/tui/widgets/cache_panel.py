@@ -1,4 +1,8 @@
-"""The cache panel: how the last turn was served, the dialogue state, memory, and TTFT per turn."""
+"""The cache panel: how the last turn was served, the dialogue state, memory, and TTFT per turn.
+
+Every line fits the panel's 26 columns at 80x24 (a wrapped figure reads as two), and a legend
+at the end says what the tiers and figures mean.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,25 @@ from chatcache import TokenTierStats
 
 from ..turns import TurnRecord
 
-DRIFT_EVENT = "context reset: topic changed"
+DRIFT_EVENT = "topic changed"
+
+
+# The tier table's lines fit 26 columns; the prose around it wraps to the panel's width.
+LEGEND = "\n".join(
+    [
+        "tier: where the prompt's KV (the model's context) came from:",
+        "session kept in memory",
+        "disk    spilled, restored",
+        "prefix  only system prompt",
+        "none    computed in full",
+        "answer  cached answer",
+        "dialog  asked by the flow",
+        "",
+        "reused: prompt tokens taken from the KV. prefilled: computed this turn. "
+        "TTFT: time to the first token. hit rate: turns of this run served by the answer cache. "
+        "topic changed: the turns before it left the prompt.",
+    ]
+)
 
 
 def size(n: int) -> str:
@@ -21,6 +43,13 @@ def size(n: int) -> str:
     return f"{n:.1f} GiB"
 
 
+def served_by(turn: TurnRecord) -> str:
+    """Who wrote the reply: a flow's question or a cached answer is not the model's."""
+    if turn.answer_cache_hit:
+        return "answer cache"
+    return "bot's flow" if turn.tier == "dialog" else "model"
+
+
 def describe_turn(turn: TurnRecord | None, number: int) -> str:
     if turn is None:
         return "no turn yet"
@@ -28,22 +57,21 @@ def describe_turn(turn: TurnRecord | None, number: int) -> str:
     return "\n".join(
         [
             f"turn      {number}",
+            f"served by {served_by(turn)}",
             f"tier      {turn.tier}",
             f"reused    {tokens(turn.reused_tokens)}",
             f"prefilled {tokens(turn.prefilled_tokens)}",
             f"TTFT      {turn.ttft_s * 1000:.0f} ms",
-            f"answers   {'cache hit' if turn.answer_cache_hit else 'model'}",
             f"finish    {turn.finish_reason or '-'}",
         ]
     )
 
 
 def describe_dialogue(turn: TurnRecord | None, drift_turns: list[int]) -> str:
-    intent = "-"
-    if turn is not None and turn.intent:
-        intent = turn.intent + (f" ({turn.confidence:.2f})" if turn.confidence is not None else "")
     state = (turn.dialogue_state if turn is not None else None) or "-"
-    lines = [f"state     {state}", f"intent    {intent}"]
+    lines = [f"state     {state}", f"intent    {(turn.intent if turn is not None else None) or '-'}"]
+    if turn is not None and turn.intent and turn.confidence is not None:
+        lines.append(f"          confidence {turn.confidence:.2f}")
     lines += [f"turn {n}: {DRIFT_EVENT}" for n in drift_turns[-3:]]
     return "\n".join(lines)
 
@@ -55,7 +83,7 @@ def describe_memory(kv: TokenTierStats, answered: int, answer_hits: int) -> str:
             f"KV        {size(kv.resident_bytes)} / {size(kv.budget_bytes)}",
             f"sessions  {kv.sessions_in_memory} in memory",
             f"spills    {kv.spills}  restores {kv.restores}",
-            f"answer cache hit rate {rate}",
+            f"hit rate  {rate}",
         ]
     )
 
@@ -72,6 +100,8 @@ class CachePanel(VerticalScroll):
         yield Static("", id="memory", markup=False)
         yield Label("TTFT per turn", classes="heading")
         yield Sparkline([], id="ttft")
+        yield Label("Legend", classes="heading")
+        yield Static(LEGEND, id="legend", classes="legend", markup=False)
 
     def show_turns(self, turns: list[TurnRecord]) -> None:
         """The session's turns, oldest first: the last one in detail, all of them in the sparkline."""

@@ -23,7 +23,9 @@ class SessionList(OptionList):
             current: the open session's id.
             pending: the open session has no message yet, so the session tier does not know it.
         """
-        options = [Option(f"{current} (new)", id=current)] if pending else []
+        # "(new)" leads: a long label is cut at the end (see app.tcss), never wrapped onto a
+        # second line that would read as another session.
+        options = [Option(f"(new) {current}", id=current)] if pending else []
         options += [Option(session_label(s), id=s.id) for s in sessions if not (pending and s.id == current)]
         self.clear_options()
         self.add_options(options)

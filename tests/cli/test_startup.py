@@ -1,0 +1,80 @@
+"""What a newcomer meets first: `chatcache bots`, a wrong --bot, a wrong --model, all without waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chatcache import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(args: list[str], env: dict[str, str], probe: str = "") -> subprocess.CompletedProcess[str]:
+    """`chatcache ARGS` in a fresh interpreter (nothing imported yet); `probe` runs after it, printing JSON."""
+    code = (
+        "import json, sys\n"
+        "from chatcache.cli import main\n"
+        f"code = main({args!r})\n"
+        f"{probe or 'pass'}\n"
+        "sys.exit(code)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_bots_lists_the_shipped_bots(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bots"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("customer_service: ") and "transfer_money" in out and "--bot" in out
+
+
+def test_a_wrong_bot_fails_before_anything_loads_and_names_the_shipped_bots(tmp_path: Path) -> None:
+    """`--bot banking`: exit 2 with one line naming customer_service and `chatcache bots`; the
+    model loader is never reached (torch is not even imported) and there is no traceback."""
+    env = {**os.environ, "CHATCACHE_DATA_DIR": str(tmp_path)}
+    probe = "print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))"
+    done = run_cli(["ask", "--bot", "banking", "--session", "s", "hello"], env, probe)
+    assert done.returncode == 2
+    assert json.loads(done.stdout) == {"torch": False, "transformers": False}
+    assert "Traceback" not in done.stderr
+    assert "no bot 'banking'" in done.stderr and "customer_service" in done.stderr and "chatcache bots" in done.stderr
+
+
+def test_a_wrong_model_fails_at_once_offline_unless_the_user_says_otherwise(tmp_path: Path) -> None:
+    """With HF_HUB_OFFLINE unset, a model id that is not here gives the clear message without a
+    single request to the hub (HF_ENDPOINT points at a socket that would see it)."""
+    hub = socket.socket()
+    hub.bind(("127.0.0.1", 0))
+    hub.listen(8)
+    hub.setblocking(False)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(CHATCACHE_DATA_DIR=str(tmp_path), HF_ENDPOINT=f"http://127.0.0.1:{hub.getsockname()[1]}")
+    probe = "import huggingface_hub.constants as c; print(json.dumps({'offline': c.HF_HUB_OFFLINE}))"
+    try:
+        done = run_cli(["ask", "--model", "no-such-org/no-such-model", "--session", "s", "hello"], env, probe)
+        with pytest.raises(BlockingIOError):
+            hub.accept()  # nobody called
+    finally:
+        hub.close()
+    assert done.returncode == 2
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"offline": True}
+    assert "No chat model named 'no-such-org/no-such-model'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("0", "0"), ("1", "1")])
+def test_the_offline_default_leaves_a_users_choice_alone(given: str | None, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    if given is None:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", given)
+    cli._offline_by_default()
+    assert os.environ["HF_HUB_OFFLINE"] == expected
