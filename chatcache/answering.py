@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from storage import SessionStore
@@ -18,6 +18,7 @@ from storage import SessionStore
 from .answer_cache import AnswerCache, CacheHit, Scope
 from .answer_cache.keys import conversation_context, intent_context, normalize
 from .answer_cache.personal import any_personal_data
+from .answer_cache.verify import stems
 from .config import GenerationConfig
 from .conversations import Conversation, Conversations
 from .hcac import TurnContext
@@ -59,6 +60,8 @@ class CachedAnswers:
         conversations: the sessions, for prefetching on their current window.
         renderer: turns messages into prompt ids.
         context_window: prompt plus reply limit in tokens.
+        bot_texts: the bot's own wording (its system prompt, its intents' examples): words from
+            it in a shared answer are nobody's particulars.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class CachedAnswers:
         conversations: Conversations,
         renderer: PromptRenderer,
         context_window: int,
+        bot_texts: Iterable[str] = (),
     ) -> None:
         self.cache = cache
         self.base = base
@@ -76,6 +80,7 @@ class CachedAnswers:
         self.conversations = conversations
         self.renderer = renderer
         self.context_window = context_window
+        self.common_words = frozenset(stem for text in bot_texts for stem in stems(text))
         self._audit_rng = random.Random(0)
 
     def scope(
@@ -87,7 +92,7 @@ class CachedAnswers:
         never cached: its answer may repeat that data. Otherwise a context-free turn is shared
         by the bot's users, a follow-up only by this user after exactly the same conversation.
         A confirmed cacheable intent is shared by everyone asking it with the same slots, but
-        only an answer the model wrote with no conversation before it is kept there: the bot
+        only an answer the model wrote with no earlier turn in its prompt is kept there: the bot
         says such answers do not depend on the conversation, and one written after somebody's
         conversation could still repeat it. `bot` replaces the engine's bot fingerprint (the
         LangChain path: a conversation brings its own system prompt).
@@ -98,12 +103,12 @@ class CachedAnswers:
         told = [m.content for m in window] + [f.value for f in conversation.facts] + [*slots.values(), question]
         if any_personal_data(told):
             return None
-        context_free = not window and not conversation.facts
         flow_answer = context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE")
         if flow_answer and context.intent is not None:
+            # The facts the model saw are the bot's own confirmed values, checked above; turns are the user's words.
             intent = Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots))
-            return AnswerScope(intent, intent=True, across_users=True, storable=context_free)
-        if context_free:
+            return AnswerScope(intent, intent=True, across_users=True, storable=not window)
+        if not window and not conversation.facts:
             return AnswerScope(base, intent=False, across_users=True, storable=True)
         seen = [(m.role, m.content) for m in conversation.window()]
         follow_up = Scope(base.model, base.bot, base.tenant, conversation_context(self.conversations.user_id, seen))
@@ -115,7 +120,12 @@ class CachedAnswers:
         if params.temperature > 0 or context.bot_reply is not None:
             return None
         return self.cache.lookup(
-            text, where.scope, embedding=context.embedding, intent_scoped=where.intent, across_users=where.across_users
+            text,
+            where.scope,
+            embedding=context.embedding,
+            intent_scoped=where.intent,
+            across_users=where.across_users,
+            common_words=self.common_words,
         )
 
     def store(

@@ -127,6 +127,7 @@ class ChatEngine:
                 self.conversations,
                 self.renderer,
                 self.context_window,
+                bot_texts=self._bot_texts(),
             )
             if self.answer_cache is not None
             else None
@@ -134,6 +135,13 @@ class ChatEngine:
         self._busy = 0
         self._busy_lock = threading.Lock()
         self.prefetcher = self.answers.prefetcher(store, lambda: self._busy > 0) if prefetch and self.answers else None
+
+    def _bot_texts(self) -> list[str]:
+        """The bot's own wording: its system prompt and every intent's description and examples."""
+        texts = [self.system_prompt or ""]
+        for intent in self.bot.intents if self.bot else []:
+            texts += [intent.name.replace("_", " "), intent.description, *intent.examples]
+        return texts
 
     def _build_token_tier(self, config: TokenTierConfig) -> TokenTier:
         hf_model = self.chat_model.model

@@ -135,6 +135,7 @@ class AnswerCache:
         embedding: np.ndarray | None = None,
         intent_scoped: bool = False,
         across_users: bool = False,
+        common_words: frozenset[str] = frozenset(),
     ) -> CacheHit | None:
         """The cached answer for `question` in `scope`, or None.
 
@@ -146,6 +147,7 @@ class AnswerCache:
             across_users: the scope is shared by users: an answer found by meaning is refused
                 when it repeats particulars of its own question that this one lacks (another
                 user's name, say). An exact match is the same question, so it is served.
+            common_words: stems that are nobody's particulars (the bot's own words), see `verify.stems`.
         """
         started = time.perf_counter()
         normalized = normalize(question)
@@ -172,7 +174,7 @@ class AnswerCache:
             verdict = Verdict(False, "echoes another question's particulars")
             for entry_id, similarity in candidates:
                 record = self._entries[entry_id].record
-                if across_users and echoes_particulars(question, record.question, record.answer):
+                if across_users and echoes_particulars(question, record.question, record.answer, common_words):
                     continue
                 verdict = verify(question, record.question) if self.config.verify else Verdict(True)
                 if verdict.ok:

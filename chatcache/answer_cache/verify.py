@@ -78,17 +78,23 @@ def verify(query: str, cached: str) -> Verdict:
     return Verdict(True)
 
 
-def echoes_particulars(query: str, cached: str, answer: str) -> bool:
+def stems(text: str) -> set[str]:
+    """The content words of `text`, each cut to its first letters (forms of one word agree)."""
+    return {w[:STEM_CHARS] for w in content_words(words(text))}
+
+
+def echoes_particulars(query: str, cached: str, answer: str, common: frozenset[str] = frozenset()) -> bool:
     """Whether `answer` repeats words of the question it was written for that `query` lacks.
 
     An answer shared between users can carry one user's data only by repeating their question
     ("Dear team, Jane Doe has the flu" for a note about Jane Doe). A paraphrase has no business
     getting such an answer, whatever the words are (a name, a place, a condition), so no list of
-    what counts as personal is needed. Forms of one word count as one (their first letters).
+    what counts as personal is needed. `common` are stems that belong to no user: the bot's own
+    words (its prompt, its intents' examples), so "opening hours" in an answer about opening
+    hours is not a particular.
     """
-    asked = {w[:STEM_CHARS] for w in content_words(words(query))}
-    particular = {w[:STEM_CHARS] for w in content_words(words(cached))} - asked
-    return bool(particular & {w[:STEM_CHARS] for w in content_words(words(answer))})
+    particular = stems(cached) - stems(query) - common
+    return bool(particular & stems(answer))
 
 
 def _shared_share(a: list[str], b: list[str]) -> float:

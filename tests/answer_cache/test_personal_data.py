@@ -210,3 +210,17 @@ def test_a_first_question_about_someone_is_not_served_to_another_user(bundled_en
     bob = bundled_engine(user_id="bob")
     reply = bob.chat("b", SICK_NOTE.format("Ann Lee has covid"), max_new_tokens=48)
     assert not reply.stats.answer_cache_hit and "Jane" not in reply.text
+
+
+def test_the_bots_own_words_in_a_shared_answer_are_nobodys_particulars(toy_embed) -> None:  # type: ignore[no-untyped-def]
+    from chatcache.answer_cache import AnswerCache, Scope
+    from chatcache.answer_cache.verify import stems
+
+    cache = AnswerCache(AnswerCacheConfig(similarity_threshold=0.2, verify=False), toy_embed)
+    shared = Scope("m", "bot")
+    cache.store("What are your opening hours?", "Our opening hours are 9 to 5.", shared, 0.0, 1.0)
+    asked = "When is the branch open?"
+    assert cache.lookup(asked, shared, across_users=True) is None  # "opening hours" could be someone's
+    bot_words = frozenset(stems("Intent opening hours: What are your opening hours? When does the branch open?"))
+    hit = cache.lookup(asked, shared, across_users=True, common_words=bot_words)
+    assert hit is not None and hit.answer == "Our opening hours are 9 to 5."
