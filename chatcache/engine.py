@@ -19,13 +19,13 @@ from dialog import BotDefinition, load_bot
 from storage import ChatSession, SessionStore
 from storage.rules import text_problem
 
+from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
+from .answering import CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .conversations import Conversation, Conversations
 from .drift import DriftConfig
 from .errors import InvalidMessageError
 from .generation import prefill
-from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
-from .answering import CachedAnswers
 from .hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .kv import kv_bytes_per_token
 from .model_runner import ModelRunner

@@ -26,7 +26,6 @@ from sqlalchemy.orm import Session
 from storage.answers import AnswerEntries
 from storage.database import Database
 from storage.engine import default_data_dir, sqlite_url
-from storage.leases import TurnLeases
 from storage.errors import (
     LeaseLostError,
     SessionClosedError,
@@ -34,6 +33,7 @@ from storage.errors import (
     StaleVersionError,
     UnknownSessionError,
 )
+from storage.leases import TurnLeases
 from storage.models import FactRow, MessageRow, SessionRow
 from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
 from storage.rules import ID_LENGTH, TITLE_LENGTH, check_id, check_text

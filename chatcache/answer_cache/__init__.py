@@ -3,8 +3,8 @@
 from .cache import AnswerCache, AnswerCacheStats, CacheHit
 from .config import AnswerCacheConfig
 from .keys import Scope, bot_fingerprint, conversation_context, intent_context, normalize
-from .personal import any_personal_data, carries_personal_data
 from .lfu import LfuPlus, decay_factor
+from .personal import any_personal_data, carries_personal_data
 from .verify import verify
 
 __all__ = [
