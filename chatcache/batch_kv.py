@@ -119,12 +119,8 @@ class BatchKV(Cache):
         return self._rows, self._columns, int(self._columns.max()) + 1
 
     def positions(self) -> torch.Tensor:
-        """Each row's position for the token fed this step (its length)."""
-        return torch.tensor(self.lengths, dtype=torch.long).unsqueeze(1)
-
-    def nbytes(self) -> int:
-        """Bytes the buffers hold, spare room included."""
-        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers)
+        """Each row's position for the token fed this step: the column `begin_step` writes it at."""
+        return self._columns.unsqueeze(1)
 
     def _reserve(self, rows: int, positions: int, like: DynamicCache) -> None:
         """Grow every buffer to at least `rows` rows and `positions` positions, keeping what they hold."""

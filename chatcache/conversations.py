@@ -24,7 +24,9 @@ from typing import Any
 
 from storage import Fact, SessionHead, SessionStore, StaleVersionError
 from storage import Message as StoredMessage
+from storage.rules import text_problem
 
+from .errors import InvalidMessageError
 from .prompt import Message, RenderedSegments
 
 CONTEXT_START = "context_start"  # state key: conversation messages before the prompt window
@@ -69,6 +71,17 @@ def _window_start(session_id: str, stored: object, turns: int) -> int:
         stored,
     )
     return 0
+
+
+def check_storable(text: str, what: str = "The message") -> None:
+    """Refuse text the session tier could not record (a NUL, a lone surrogate), before anything is.
+
+    Raises:
+        InvalidMessageError: `text` has such a character.
+    """
+    problem = text_problem(text)
+    if problem is not None:
+        raise InvalidMessageError(f"{what} {problem}: remove that character and send it again.")
 
 
 def render_facts(system_prompt: str | None, facts: list[Fact]) -> str | None:
@@ -163,8 +176,7 @@ class Conversations:
         with self.store.leases.hold(conversation.id) as lease:
             stale = lease.head != SessionHead(conversation.version, conversation.last_seq)
             if stale:
-                session = self.store.get_session(conversation.id)
-                fresh = self._rebuild(conversation.id, session.state, session.version)
+                fresh = self.read(conversation.id)
                 for name in (f.name for f in fields(Conversation) if f.name not in ("id", "lock")):
                     setattr(conversation, name, getattr(fresh, name))
             conversation.lease = lease.holder
@@ -202,7 +214,6 @@ class Conversations:
             record.seq,
         )
         return None
-
 
     def _set_system(self, conversation: Conversation) -> None:
         content = render_facts(self.system_prompt, conversation.facts)

@@ -17,12 +17,11 @@ from pathlib import Path
 
 from dialog import BotDefinition, load_bot
 from storage import ChatSession, SessionStore
-from storage.rules import text_problem
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
 from .answering import CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
-from .conversations import Conversation, Conversations
+from .conversations import Conversation, Conversations, check_storable
 from .drift import DriftConfig
 from .errors import InvalidMessageError
 from .generation import prefill
@@ -199,7 +198,7 @@ class ChatEngine:
         )
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
-        _check_storable(text)
+        check_storable(text)
         holder: list[Reply] = []
         pieces = self._counted(self._run_turn(session_id, text, params, holder))
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
@@ -304,7 +303,8 @@ class ChatEngine:
         ):
             if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
                 self._release_topic(session_id)
-            self._check_fits(conversation.system, user, params.max_new_tokens)  # with the session's facts
+            if conversation.system != bare_system:  # the session's facts lengthen the system message
+                self._check_fits(conversation.system, user, params.max_new_tokens)
             tokens = len(self.renderer.encode_text(text))
             user_seq = self.conversations.record_user(conversation, text, tokens)
             turn_id = f"{session_id}:{user_seq}"
@@ -404,10 +404,3 @@ class ChatEngine:
         # The user's segment is not memoized: if this turn fails, another message takes its place.
         del conversation.segments.ids[len(conversation.window()):]
         return prompt, start // 2
-
-
-def _check_storable(text: str) -> None:
-    """Refuse a message the session tier could not record, before anything is recorded."""
-    problem = text_problem(text)
-    if problem is not None:
-        raise InvalidMessageError(f"The message {problem}: remove that character and send it again.")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from transformers import DynamicCache
 
-from .config import GenerationConfig
 from . import kv
+from .config import GenerationConfig
 from .generation import GeneratedToken, generate_tokens
 from .models import ChatModel
 from .prompt import Message

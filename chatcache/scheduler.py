@@ -46,7 +46,6 @@ class Request:
     params: GenerationConfig
     eos_ids: frozenset[int]
     tokens: queue.SimpleQueue[GeneratedToken | BaseException | None] = field(default_factory=queue.SimpleQueue)
-    fed: list[int] = field(default_factory=list)  # generated ids fed back to the model so far
     generated: int = 0
     next_id: int | None = None
     rng: torch.Generator | None = None
@@ -61,13 +60,9 @@ class Request:
             yield item
 
     def cancel(self) -> DynamicCache:
-        """Stop generating; returns the KV once the worker let go of it (prompt plus `fed`)."""
+        """Stop generating (a no-op once the reply ended); returns the KV once the worker let go of
+        it: the prompt plus every generated token the worker fed back, all but the last picked."""
         self.cancelled.set()
-        self.done.wait()
-        return self.cache
-
-    def result(self) -> DynamicCache:
-        """The KV after the reply ended: the prompt plus every generated token but the last."""
         self.done.wait()
         return self.cache
 
@@ -109,10 +104,6 @@ class Scheduler:
             self._inbox.append(request)
             self._wake.notify()
         return request
-
-    def running(self) -> int:
-        """Requests being decoded now."""
-        return len(self._running)
 
     def close(self) -> None:
         """Finish nothing new: fail what is queued or running, and stop the worker."""
@@ -174,9 +165,6 @@ class Scheduler:
         output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self._batch, use_cache=True)
         self._batch.end_step()
         logits = output.logits[:, -1].float().cpu()
-        for request in self._running:
-            assert request.next_id is not None
-            request.fed.append(request.next_id)
         for row in reversed(range(len(self._running))):
             if self._emit(self._running[row], logits[row]):
                 self._leave(row)

@@ -29,12 +29,10 @@ from collections import OrderedDict
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING
 
-from storage.rules import text_problem
-
 from ..answer_cache import bot_fingerprint
 from ..answering import AnswerScope, CachedAnswers
 from ..config import GenerationConfig
-from ..conversations import Conversation
+from ..conversations import Conversation, check_storable
 from ..errors import InvalidMessageError
 from ..hcac import TurnContext
 from ..prompt import Message, RenderedSegments
@@ -161,9 +159,7 @@ def _checked(engine: ChatEngine, messages: Sequence[Message]) -> list[Message]:
     for message in messages:
         if message.role not in ROLES:
             raise InvalidMessageError(f"Unknown role {message.role!r}: use one of {', '.join(ROLES)}.")
-        problem = text_problem(message.content)
-        if problem is not None:  # the tokenizer and the answer cache's database would fail on it later
-            raise InvalidMessageError(f"A {message.role} message {problem}: remove that character and send it again.")
+        check_storable(message.content, f"A {message.role} message")  # the tokenizer and the answer cache would fail on it later
     if messages[-1].role != "user":
         raise InvalidMessageError(f"The last message must be the user's, not the {messages[-1].role}'s.")
     if not messages[-1].content.strip():
