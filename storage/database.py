@@ -10,13 +10,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import URL
+from sqlalchemy import URL, Delete, Update
 from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.engine import create_storage_engine, describe, is_busy, is_corrupt
 from storage.errors import CorruptDatabaseError, StorageBusyError, StorageConfigError
 from storage.migrations import migrate
+
+
+def rows_changed(db: Session, statement: Update | Delete) -> int:
+    """Run an UPDATE or DELETE in `db`'s transaction; return how many rows it matched."""
+    # Core execution: ORM execution is typed as a plain Result, which hides rowcount.
+    return db.connection().execute(statement).rowcount
 
 
 class Database:

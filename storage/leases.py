@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
 
-from storage.database import Database
+from storage.database import Database, rows_changed
 from storage.errors import SessionBusyError, StorageBusyError, UnknownSessionError
 from storage.models import MessageRow, SessionRow
 
@@ -79,7 +79,8 @@ class TurnLeases:
         """
         now = self._clock()
         with self._db.transaction() as db:
-            taken = db.connection().execute(
+            taken = rows_changed(
+                db,
                 update(SessionRow)
                 .where(
                     SessionRow.id == session_id,
@@ -89,8 +90,8 @@ class TurnLeases:
                         SessionRow.lease_holder == holder,
                     ),
                 )
-                .values(lease_holder=holder, lease_expires_at=now + self.ttl)
-            ).rowcount
+                .values(lease_holder=holder, lease_expires_at=now + self.ttl),
+            )
             row = db.get(SessionRow, session_id)
             if row is None:
                 raise UnknownSessionError(session_id)
@@ -104,22 +105,22 @@ class TurnLeases:
         now = self._clock()
         with self._db.transaction() as db:
             return bool(
-                db.connection()
-                .execute(
+                rows_changed(
+                    db,
                     update(SessionRow)
                     .where(SessionRow.id == session_id, SessionRow.lease_holder == holder)
-                    .values(lease_expires_at=now + self.ttl)
+                    .values(lease_expires_at=now + self.ttl),
                 )
-                .rowcount
             )
 
     def release(self, session_id: str, holder: str) -> None:
         """Free the lease if `holder` still has it."""
         with self._db.transaction() as db:
-            db.connection().execute(
+            rows_changed(
+                db,
                 update(SessionRow)
                 .where(SessionRow.id == session_id, SessionRow.lease_holder == holder)
-                .values(lease_holder=None, lease_expires_at=None)
+                .values(lease_holder=None, lease_expires_at=None),
             )
 
     @contextmanager

@@ -19,12 +19,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import URL, Delete, Select, Update, delete, func, select, update
+from sqlalchemy import URL, Select, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage.answers import AnswerEntries
-from storage.database import Database
+from storage.database import Database, rows_changed
 from storage.engine import default_data_dir, sqlite_url
 from storage.errors import (
     LeaseLostError,
@@ -264,7 +264,7 @@ class SessionStore:
         """
         check_id("session id", session_id)
         with self._db.transaction() as db:
-            if _changed(db, delete(SessionRow).where(SessionRow.id == session_id)) == 0:
+            if rows_changed(db, delete(SessionRow).where(SessionRow.id == session_id)) == 0:
                 raise UnknownSessionError(session_id)
 
     def update_state(
@@ -289,7 +289,7 @@ class SessionStore:
         now = self._clock()
         with self._db.transaction() as db:
             # Compare-and-set: the WHERE clause is the lock, so no read can go stale.
-            changed = _changed(
+            changed = rows_changed(
                 db,
                 update(SessionRow)
                 .where(
@@ -335,7 +335,7 @@ class SessionStore:
         # guard skips any session whose state changed after the read above.
         with self._db.transaction() as db:
             for session_id, version in due:
-                changed = _changed(
+                changed = rows_changed(
                     db,
                     update(SessionRow)
                     .where(
@@ -510,7 +510,7 @@ class SessionStore:
         query = update(SessionRow).where(SessionRow.id == session_id, SessionRow.status == SessionStatus.ACTIVE)
         if lease is not None:
             query = query.where(SessionRow.lease_holder == lease)
-        changed = _changed(db, query.values(updated_at=now, expires_at=now + self.ttl))
+        changed = rows_changed(db, query.values(updated_at=now, expires_at=now + self.ttl))
         if changed == 0:
             row = self._require(db, session_id)
             if row.status != SessionStatus.ACTIVE:
@@ -520,7 +520,7 @@ class SessionStore:
     def _set(self, session_id: str, **values: Any) -> ChatSession:
         check_id("session id", session_id)
         with self._db.transaction() as db:
-            changed = _changed(
+            changed = rows_changed(
                 db, update(SessionRow).where(SessionRow.id == session_id).values(**values)
             )
             if changed == 0:
@@ -544,9 +544,3 @@ def _filtered(query: _Query, user_id: str | None, status: SessionStatus | str | 
     if status is not None:
         query = query.where(SessionRow.status == SessionStatus(status))
     return query
-
-
-def _changed(db: Session, statement: Update | Delete) -> int:
-    """Run an UPDATE or DELETE in `db`'s transaction; return how many rows it matched."""
-    # Core execution: ORM execution is typed as a plain Result, which hides rowcount.
-    return db.connection().execute(statement).rowcount
