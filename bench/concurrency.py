@@ -124,7 +124,7 @@ def main() -> None:
         rows = []
         for count in counts:
             rows.append(converse(engine, dialogues[:count], f"n{count}", args.max_new_tokens, threads=True))
-            rows[-1]["peak_batch"] = engine.runner.scheduler.peak_running
+            rows[-1]["peak_batch"] = engine.chat_model.scheduler.peak_running
             run.section("scheduler", rows)
         alone = converse(engine, dialogues[: max(counts)], "alone", args.max_new_tokens, threads=False)
         run.section("one_at_a_time", alone)

@@ -29,13 +29,14 @@ if TYPE_CHECKING:
     )
     from .models import ChatModel, load_chat_model, load_embedder
     from .prompt import Message
-    from .reply import Reply, ReplyStream, TurnStats
+    from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
     from .residency import MemoryConfig
     from .token_tier import TokenTierStats
 
 # Each public name and the submodule that defines it.
 _EXPORTS = {
     "AnswerCacheConfig": "answer_cache",
+    "AsyncReplyStream": "reply",
     "ChatCacheError": "errors",
     "ChatEngine": "engine",
     "ChatModel": "models",
@@ -64,6 +65,7 @@ _EXPORTS = {
 
 __all__ = [
     "AnswerCacheConfig",
+    "AsyncReplyStream",
     "ChatCacheError",
     "ChatEngine",
     "ChatModel",

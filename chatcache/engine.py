@@ -30,7 +30,7 @@ from .kv import kv_bytes_per_token
 from .model_runner import ModelRunner
 from .models import ChatModel, load_chat_model, load_embedder
 from .prompt import Message, PromptRenderer, RenderedSegments
-from .reply import Reply, ReplyStream, TurnStats
+from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
 from .residency import MemoryConfig, ResidentSessions
 from .token_tier import TokenTier, TokenTierStats
 from .turn_tier import TurnTier, TurnTierConfig
@@ -203,6 +203,20 @@ class ChatEngine:
         pieces = self._counted(self._run_turn(session_id, text, params, holder))
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
 
+    def astream(
+        self,
+        session_id: str,
+        text: str,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: str | list[str] | tuple[str, ...] | None = None,
+        seed: int | None = None,
+    ) -> AsyncReplyStream:
+        """`stream` for asyncio code: `async for piece in engine.astream(...)`, called inside a
+        running event loop; the same errors, raised at once or when iteration starts."""
+        return AsyncReplyStream(self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed))
+
     def _counted(self, pieces: Generator[str, None, None]) -> Generator[str, None, None]:
         """Mark the engine busy while a user turn runs: prefetch waits, and stops mid-answer."""
         with self._busy_lock:
@@ -266,14 +280,14 @@ class ChatEngine:
         return expired
 
     def close(self) -> None:
-        """Stop prefetching and the model worker, spill idle sessions' KV to disk and close the session database.
+        """Stop prefetching, spill idle sessions' KV to disk and close the session database.
 
         The next process on the same data directory continues each conversation from the
-        database and restores its KV from disk instead of recomputing it.
+        database and restores its KV from disk instead of recomputing it. The model's worker
+        goes on serving other engines on the same model (`ChatModel.close` stops it).
         """
         if self.prefetcher is not None:
             self.prefetcher.close()
-        self.runner.close()
         self.token_tier.spill_all()
         self.store.close()
 

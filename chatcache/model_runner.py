@@ -23,7 +23,7 @@ from .generation import GeneratedToken, generate_tokens
 from .models import ChatModel
 from .prompt import Message
 from .reply import TurnStats
-from .scheduler import Request, Scheduler
+from .scheduler import Request
 from .text_stream import TextStream
 from .token_tier import TokenTier
 
@@ -58,16 +58,11 @@ class ModelRunner:
         self.token_tier = token_tier
         self.system_ids = system_ids
         self.eos_ids = eos_token_ids(chat_model)
-        self.scheduler = Scheduler(chat_model.model)
-
-    def close(self) -> None:
-        """Stop the model worker; requests still running fail."""
-        self.scheduler.close()
 
     def _start(self, cache: DynamicCache, new_ids: list[int], params: GenerationConfig) -> Request | Iterator[GeneratedToken]:
         """The reply's tokens: a scheduled request, or for an unbatchable cache the plain decoding loop."""
         if kv.is_croppable(cache):
-            return self.scheduler.submit(cache, new_ids, params, self.eos_ids)
+            return self.chat_model.scheduler.submit(cache, new_ids, params, self.eos_ids)
         return generate_tokens(self.chat_model.model, cache, new_ids, params, self.eos_ids)
 
     @staticmethod

@@ -14,7 +14,7 @@ import json
 import logging
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ import torch
 
 from .config import default_data_dir
 from .errors import ModelNotFoundError
+from .scheduler import Scheduler
 from .weights_identity import weight_digests, weight_files, weights_identity
 
 if TYPE_CHECKING:
@@ -46,16 +47,37 @@ class ChatModel:
     `identity` names the exact weights, wherever they were loaded from: spilled KV is only
     ever restored into, and cached answers only served for, the weights that made them.
     Left empty (a model built in memory), it is computed from the tensors.
+
+    The model has one worker, its `scheduler`, started on first use: every engine and every
+    LangChain chat model on this `ChatModel` hands it their turns, so their decodes share one
+    batched forward pass instead of competing for the cores.
     """
 
     name: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     identity: str = ""
+    _scheduler: Scheduler | None = field(default=None, init=False, repr=False, compare=False)
+    _scheduler_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.identity:
             object.__setattr__(self, "identity", weights_identity(self.model))
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The model's worker, which runs every reply generated on it."""
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                object.__setattr__(self, "_scheduler", Scheduler(self.model))
+            assert self._scheduler is not None
+            return self._scheduler
+
+    def close(self) -> None:
+        """Stop the model's worker: replies still running fail, and new ones cannot start."""
+        with self._scheduler_lock:
+            if self._scheduler is not None:
+                self._scheduler.close()
 
     @property
     def context_window(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -89,3 +91,78 @@ class ReplyStream:
     def reply(self) -> Reply | None:
         """The finished reply, or None while the stream is still running."""
         return self._finished()
+
+
+class AsyncReplyStream:
+    """A `ReplyStream` for asyncio code (servers): `async for piece in stream`, never blocking the loop.
+
+    The turn runs in a thread of its own, as `stream()` runs in its caller's, and hands each
+    piece to the event loop; a pool shared by every stream would cap how many turns run at
+    once (and so batch together) at its size. Cancelling the task that reads, calling
+    `aclose`, or dropping the stream cancels the generation at the next token, and what was
+    generated so far is kept as the reply, as when a `ReplyStream` is closed early.
+    """
+
+    def __init__(self, stream: ReplyStream) -> None:
+        self._stream = stream
+        self._pieces: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
+        self._stop = threading.Event()
+        self._ended = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        threading.Thread(
+            target=_relay, args=(stream, loop, self._pieces, self._stop, self._ended), name="chatcache-turn", daemon=True
+        ).start()
+
+    def __aiter__(self) -> AsyncReplyStream:
+        return self
+
+    async def __anext__(self) -> str:
+        try:
+            item = await self._pieces.get()
+        except asyncio.CancelledError:
+            self._stop.set()
+            raise
+        if item is None:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        """Cancel the generation and wait until the turn has recorded what it generated."""
+        self._stop.set()
+        await self._ended.wait()
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+    @property
+    def reply(self) -> Reply | None:
+        """The finished reply, or None while the stream is still running."""
+        return self._stream.reply
+
+
+def _relay(
+    stream: ReplyStream,
+    loop: asyncio.AbstractEventLoop,
+    pieces: asyncio.Queue[str | BaseException | None],
+    stop: threading.Event,
+    ended: asyncio.Event,
+) -> None:
+    """Run the turn in this thread and pass its pieces to the loop (a function of its own, so the
+    thread holds no reference to the `AsyncReplyStream` and dropping that stream stops the turn)."""
+    item: str | BaseException | None = None
+    try:
+        for piece in stream:
+            if stop.is_set():
+                break
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+    except BaseException as error:  # noqa: BLE001 - raised to the reader in the loop
+        item = error
+    finally:
+        stream.close()
+    try:
+        loop.call_soon_threadsafe(pieces.put_nowait, item)
+        loop.call_soon_threadsafe(ended.set)
+    except RuntimeError:
+        pass  # the loop is closed: nobody is reading any more

@@ -7,8 +7,11 @@ its own with the token tier off (the uncached path), one turn at a time.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
-from chatcache import ChatEngine, TokenTierConfig
+import pytest
+
+from chatcache import ChatEngine, ChatModel, TokenTierConfig
 
 SYSTEM = "You are a test bot. Answer briefly."
 CONVERSATIONS = [
@@ -21,12 +24,24 @@ CONVERSATIONS = [
 ]
 
 
+@pytest.fixture
+def own_model(tiny_model) -> Iterator[ChatModel]:  # type: ignore[no-untyped-def]
+    """The tiny model's weights behind a worker of this test's own, so its batch figures are this test's."""
+    model = ChatModel(tiny_model.name, tiny_model.model, tiny_model.tokenizer, tiny_model.identity)
+    yield model
+    model.close()
+
+
 def _alone(tiny_model, make_engine, turns: list[str], **generation: object) -> list[list[int]]:  # type: ignore[no-untyped-def]
     engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     return [engine.chat("alone", text, **generation).token_ids for text in turns]  # type: ignore[arg-type]
 
 
-def _together(engine: ChatEngine, conversations: list[list[str]], generation: list[dict]) -> list[list[list[int]]]:  # type: ignore[type-arg]
+def _together(
+    engines: ChatEngine | list[ChatEngine], conversations: list[list[str]], generation: list[dict]  # type: ignore[type-arg]
+) -> list[list[list[int]]]:
+    """Each conversation in its own thread, all started at once; conversation i on engine i mod len(engines)."""
+    engines = engines if isinstance(engines, list) else [engines]
     replies: list[list[list[int]]] = [[] for _ in conversations]
     start = threading.Barrier(len(conversations))
     errors: list[BaseException] = []
@@ -35,6 +50,7 @@ def _together(engine: ChatEngine, conversations: list[list[str]], generation: li
         try:
             start.wait()
             for text in conversations[index]:
+                engine = engines[index % len(engines)]
                 replies[index].append(engine.chat(f"s{index}", text, **generation[index]).token_ids)
         except BaseException as error:  # noqa: BLE001 - reported by the test below
             errors.append(error)
@@ -48,17 +64,17 @@ def _together(engine: ChatEngine, conversations: list[list[str]], generation: li
     return replies
 
 
-def test_conversations_decoded_together_reply_as_they_do_alone(tiny_model, make_engine) -> None:  # type: ignore[no-untyped-def]
-    engine = make_engine(tiny_model, system_prompt=SYSTEM)
+def test_conversations_decoded_together_reply_as_they_do_alone(tiny_model, own_model, make_engine) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(own_model, system_prompt=SYSTEM)
     generation = [{"max_new_tokens": 6 + 3 * (i % 3)} for i in range(len(CONVERSATIONS))]  # replies end apart
     together = _together(engine, CONVERSATIONS, generation)
-    assert engine.runner.scheduler.peak_running > 1  # the turns did share decode steps
+    assert own_model.scheduler.peak_running > 1  # the turns did share decode steps
     for turns, settings, replies in zip(CONVERSATIONS, generation, together):
         assert replies == _alone(tiny_model, make_engine, turns, **settings)
 
 
-def test_each_request_keeps_its_own_settings_in_a_shared_batch(tiny_model, make_engine) -> None:  # type: ignore[no-untyped-def]
-    engine = make_engine(tiny_model, system_prompt=SYSTEM)
+def test_each_request_keeps_its_own_settings_in_a_shared_batch(tiny_model, own_model, make_engine) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(own_model, system_prompt=SYSTEM)
     generation = [
         {"max_new_tokens": 8},
         {"max_new_tokens": 8, "temperature": 0.9, "top_p": 0.9, "seed": 7},
@@ -67,7 +83,7 @@ def test_each_request_keeps_its_own_settings_in_a_shared_batch(tiny_model, make_
     ]
     conversations = [turns[:2] for turns in CONVERSATIONS[:4]]
     together = _together(engine, conversations, generation)
-    assert engine.runner.scheduler.peak_running > 1
+    assert own_model.scheduler.peak_running > 1
     for turns, settings, replies in zip(conversations, generation, together):
         assert replies == _alone(tiny_model, make_engine, turns, **settings)
         assert all(len(reply) <= settings["max_new_tokens"] for reply in replies)
@@ -92,3 +108,19 @@ def test_a_stream_stopped_early_in_a_batch_leaves_its_kv_right(tiny_model, make_
     follow_up = engine.chat("stopped", CONVERSATIONS[0][1], max_new_tokens=6)
     assert follow_up.stats.reused_tokens > 0  # the stopped turn's KV was kept and reused
     assert follow_up.token_ids == uncached.chat("stopped", CONVERSATIONS[0][1], max_new_tokens=6).token_ids
+
+
+def test_engines_on_one_model_share_its_worker(tiny_model, own_model, make_engine) -> None:  # type: ignore[no-untyped-def]
+    """Two bots on the same loaded model: their turns are decoded in the same batch, and each
+    still replies as it does alone (its own system prompt, its own sessions)."""
+    other_system = "You are another bot. Be terse."
+    engines = [make_engine(own_model, system_prompt=SYSTEM), make_engine(own_model, system_prompt=other_system)]
+    conversations = [turns[:2] for turns in CONVERSATIONS[:4]]
+    together = _together(engines, conversations, [{"max_new_tokens": 8}] * len(conversations))
+    assert own_model.scheduler.peak_running > 1
+    engines[0].close()  # one engine closing leaves the model's worker to the other
+    assert engines[1].chat("after", "Hello there", max_new_tokens=4).token_ids
+    for index, (turns, replies) in enumerate(zip(conversations, together)):
+        system = (SYSTEM, other_system)[index % 2]
+        alone = make_engine(tiny_model, system_prompt=system, token_tier=TokenTierConfig(enabled=False))
+        assert replies == [alone.chat("alone", text, max_new_tokens=8).token_ids for text in turns]
