@@ -3,17 +3,19 @@
 Many conversations at once used to mean as many threads each decoding one token at a time on
 the same cores. Now a turn hands its request (the session's KV checked out of the token tier,
 the prompt tokens it lacks, its own generation settings) to the `Scheduler`, whose worker
-thread owns the model. Each step the worker prefills one chunk of one arriving request on that
-request's own cache, then decodes one token for every running request at once on `BatchKV`.
-Chunks keep a long prompt from stalling the streams already running for longer than one chunk.
+thread owns the model. Each step the worker prefills up to `PREFILL_CHUNK` prompt tokens of the
+arriving requests, oldest first, each on its own cache, then decodes one token for every running
+request at once on `BatchKV`. The budget keeps a long prompt from stalling the streams already
+running for longer than one chunk, and lets several short arrivals (a follow-up turn prefills
+only its new message) all start in the same step instead of one per step.
 
 A request's tokens reach its caller through a queue; the caller may stop reading at any time
 (`Request.cancel`) and gets the KV back covering everything the worker fed, which the token
 tier keeps. The worker never holds the token tier's lock: KV is checked out before a request is
 submitted and checked in after it ends, so the memory budget counts every running request.
 
-Left to later: preemption under memory pressure, and batching the prefill chunks of several
-requests into one pass.
+Left to later: preemption under memory pressure, and running the prefill chunks of several
+requests in one forward pass (each has its own cache of its own length).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .batch_kv import BatchKV
 from .config import GenerationConfig
 from .generation import GeneratedToken, entropy_bits, forward, pick
 
-PREFILL_CHUNK = 512  # prompt tokens one step prefills for one request
+PREFILL_CHUNK = 512  # prompt tokens one step prefills, across the arriving requests
 MAX_BATCH = 32  # requests decoded at once; more wait for a row
 log = logging.getLogger("chatcache")
 
@@ -73,7 +75,7 @@ class Scheduler:
     Args:
         model: the causal LM; only the worker calls it.
         max_batch: requests decoded together at most.
-        prefill_chunk: prompt tokens prefilled per step for one request.
+        prefill_chunk: prompt tokens prefilled per step, shared by the arriving requests.
     """
 
     def __init__(self, model: PreTrainedModel, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK) -> None:
@@ -132,23 +134,25 @@ class Scheduler:
         self._fail_all(RuntimeError("the scheduler was closed"))
 
     def _step(self) -> None:
-        """Drop cancelled requests, prefill one chunk, decode one token for every running request."""
+        """Drop cancelled requests, prefill one chunk of arriving prompts, decode one token for every running request."""
         for request in [r for r in self._prefilling if r.cancelled.is_set()]:
             self._prefilling.remove(request)
             self._finish(request)
         for row in reversed(range(len(self._running))):
             if self._running[row].cancelled.is_set():
                 self._leave(row)
-        if self._prefilling and len(self._running) < self.max_batch:
-            self._prefill_chunk(self._prefilling[0])
+        budget = self.prefill_chunk
+        while budget > 0 and self._prefilling and len(self._running) < self.max_batch:
+            budget -= self._prefill_chunk(self._prefilling[0], budget)
         if self._running:
             self._decode()
 
-    def _prefill_chunk(self, request: Request) -> None:
-        chunk, request.pending = request.pending[: self.prefill_chunk], request.pending[self.prefill_chunk :]
+    def _prefill_chunk(self, request: Request, budget: int) -> int:
+        """Prefill up to `budget` of the oldest arriving request's prompt tokens; returns how many."""
+        chunk, request.pending = request.pending[:budget], request.pending[budget:]
         logits = forward(self.model, chunk, request.cache)
         if request.pending:
-            return
+            return len(chunk)
         self._prefilling.popleft()
         if self._emit(request, logits):
             self._finish(request)
@@ -156,6 +160,7 @@ class Scheduler:
             self._batch.join(request.cache, room=request.params.max_new_tokens)
             request.cache.reset()  # its KV lives in the batch until it leaves
             self._running.append(request)
+        return len(chunk)
 
     def _decode(self) -> None:
         self.peak_running = max(self.peak_running, len(self._running))

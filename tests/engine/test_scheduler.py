@@ -124,3 +124,28 @@ def test_engines_on_one_model_share_its_worker(tiny_model, own_model, make_engin
         system = (SYSTEM, other_system)[index % 2]
         alone = make_engine(tiny_model, system_prompt=system, token_tier=TokenTierConfig(enabled=False))
         assert replies == [alone.chat("alone", text, max_new_tokens=8).token_ids for text in turns]
+
+
+def test_prompts_prefilled_in_chunks_across_steps_reply_as_alone(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """A small per-step budget splits long prompts over several steps and packs short ones into
+    one step, beside running decodes; every reply still equals one decoded alone on a fresh cache."""
+    from transformers import DynamicCache
+
+    from chatcache.config import GenerationConfig
+    from chatcache.generation import generate_tokens
+    from chatcache.scheduler import Scheduler
+
+    model = tiny_model.model
+    prompts = [list(range(5, 5 + length)) for length in (23, 3, 16, 2, 9)]
+    params = GenerationConfig(max_new_tokens=8)
+    alone = [
+        [t.token_id for t in generate_tokens(model, DynamicCache(config=model.config), p, params, set())] for p in prompts
+    ]
+    scheduler = Scheduler(model, prefill_chunk=7)
+    try:
+        requests = [scheduler.submit(DynamicCache(config=model.config), p, params, set()) for p in prompts]
+        together = [[t.token_id for t in request] for request in requests]
+    finally:
+        scheduler.close()
+    assert together == alone
+    assert scheduler.peak_running > 1
