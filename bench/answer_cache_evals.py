@@ -17,7 +17,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from chatcache.answer_cache_eval import evaluate_answer_cache, evaluate_pairs, split_questions
+from chatcache.evals.answer_cache import evaluate_answer_cache, evaluate_pairs, split_questions
 
 from .common import BenchRun, bench_arguments
 

@@ -3,7 +3,7 @@
 SGD dev conversations behind the ~1,000-token system prompt of `bench.concurrency`, `--at-once`
 of them at a time on one engine (the scheduler batches their decodes, each turn reuses its
 session's KV). Every turn's prompt is then answered once more alone on a fresh cache, nothing
-reused (`chatcache.batch_eval`). Reported: the fraction of turns whose replies are equal, and
+reused (`chatcache.evals.batching`). Reported: the fraction of turns whose replies are equal, and
 for each turn that differs the reference's top-2 logit gap at the first differing token and
 whether the batched token was the runner-up. Target: >= 99% equal, every difference a near-tie
 (gap < 1e-4).
@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from chatcache import ChatEngine, TokenTierConfig, load_chat_model
-from chatcache.batch_eval import NEAR_TIE, AgreementReport, compare_with_uncached, run_together
+from chatcache.evals.batching import NEAR_TIE, AgreementReport, compare_with_uncached, run_together
 
 from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_user_turns
 

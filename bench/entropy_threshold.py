@@ -21,8 +21,8 @@ import tempfile
 import numpy as np
 
 from chatcache import ChatEngine, TokenTierConfig, load_chat_model
-from chatcache.hcac import sentence_embed
-from chatcache.models import load_embedder
+from chatcache.steering.hcac import sentence_embed
+from chatcache.model.loading import load_embedder
 
 from .common import BenchRun, bench_arguments
 

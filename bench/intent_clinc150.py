@@ -21,7 +21,7 @@ from collections import defaultdict
 import numpy as np
 
 from bench.common import DEFAULT_DATA, BenchRun, bench_arguments
-from chatcache.models import load_embedder
+from chatcache.model.loading import load_embedder
 from dialog import OUT_OF_SCOPE, BotDefinition, IntentClassifier
 
 

@@ -23,12 +23,12 @@ import time
 
 import numpy as np
 
-from chatcache.conversations import Conversations
-from chatcache.drift import DriftConfig
-from chatcache.hcac import ContextCoordinator, sentence_embed
-from chatcache.models import load_embedder
-from chatcache.prompt import Message
-from chatcache.turn_tier import TurnTier
+from chatcache.tiers.conversations import Conversations
+from chatcache.steering.drift import DriftConfig
+from chatcache.steering.hcac import ContextCoordinator, sentence_embed
+from chatcache.model.loading import load_embedder
+from chatcache.model.prompt import Message
+from chatcache.tiers.turn_tier import TurnTier
 from dialog import load_bot
 from storage import SessionStore
 

@@ -12,9 +12,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dialog import BotDefinition
+    from storage import SessionStore
+
     from .answer_cache import AnswerCacheConfig
     from .config import GenerationConfig, TokenTierConfig, default_data_dir
-    from .drift import DriftConfig, StageThresholds
+    from .steering.drift import DriftConfig, StageThresholds
     from .engine import ChatEngine
     from .errors import (
         ChatCacheError,
@@ -27,45 +30,51 @@ if TYPE_CHECKING:
         StorageError,
         UnknownSessionError,
     )
-    from .models import ChatModel, load_chat_model, load_embedder
-    from .prompt import Message
+    from .model.loading import ChatModel, load_chat_model, load_embedder
+    from .model.prompt import Message
     from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
-    from .residency import MemoryConfig
-    from .token_tier import TokenTierStats
+    from .tiers.residency import MemoryConfig
+    from .tiers.token_tier import TokenTierStats
+    from .tiers.turn_tier import TurnTierConfig
 
-# Each public name and the submodule that defines it.
+# Each public name and the module that defines it (".x": chatcache.x); `ChatEngine` takes the
+# session store and the bot definition from the packages beside this one.
 _EXPORTS = {
-    "AnswerCacheConfig": "answer_cache",
-    "AsyncReplyStream": "reply",
-    "ChatCacheError": "errors",
-    "ChatEngine": "engine",
-    "ChatModel": "models",
-    "ConfigError": "errors",
-    "CorruptDatabaseError": "errors",
-    "DriftConfig": "drift",
-    "GenerationConfig": "config",
-    "InvalidIdError": "errors",
-    "InvalidMessageError": "errors",
-    "MemoryConfig": "residency",
-    "Message": "prompt",
-    "ModelNotFoundError": "errors",
-    "Reply": "reply",
-    "ReplyStream": "reply",
-    "SessionClosedError": "errors",
-    "StageThresholds": "drift",
-    "StorageError": "errors",
-    "TokenTierConfig": "config",
-    "TokenTierStats": "token_tier",
-    "TurnStats": "reply",
-    "UnknownSessionError": "errors",
-    "default_data_dir": "config",
-    "load_chat_model": "models",
-    "load_embedder": "models",
+    "AnswerCacheConfig": ".answer_cache",
+    "AsyncReplyStream": ".reply",
+    "ChatCacheError": ".errors",
+    "ChatEngine": ".engine",
+    "BotDefinition": "dialog",
+    "ChatModel": ".model.loading",
+    "ConfigError": ".errors",
+    "CorruptDatabaseError": ".errors",
+    "DriftConfig": ".steering.drift",
+    "GenerationConfig": ".config",
+    "InvalidIdError": ".errors",
+    "InvalidMessageError": ".errors",
+    "MemoryConfig": ".tiers.residency",
+    "Message": ".model.prompt",
+    "ModelNotFoundError": ".errors",
+    "Reply": ".reply",
+    "ReplyStream": ".reply",
+    "SessionClosedError": ".errors",
+    "SessionStore": "storage",
+    "StageThresholds": ".steering.drift",
+    "StorageError": ".errors",
+    "TokenTierConfig": ".config",
+    "TokenTierStats": ".tiers.token_tier",
+    "TurnTierConfig": ".tiers.turn_tier",
+    "TurnStats": ".reply",
+    "UnknownSessionError": ".errors",
+    "default_data_dir": ".config",
+    "load_chat_model": ".model.loading",
+    "load_embedder": ".model.loading",
 }
 
 __all__ = [
     "AnswerCacheConfig",
     "AsyncReplyStream",
+    "BotDefinition",
     "ChatCacheError",
     "ChatEngine",
     "ChatModel",
@@ -81,10 +90,12 @@ __all__ = [
     "Reply",
     "ReplyStream",
     "SessionClosedError",
+    "SessionStore",
     "StageThresholds",
     "StorageError",
     "TokenTierConfig",
     "TokenTierStats",
+    "TurnTierConfig",
     "TurnStats",
     "UnknownSessionError",
     "default_data_dir",
@@ -97,7 +108,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'chatcache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -29,11 +29,11 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 def _evaluation(name: str) -> Callable[[list[str]], int]:
     if name == "drift":
-        from .drift_eval import main as run
+        from .evals.drift import main as run
     elif name == "answer-cache":
-        from .answer_cache_eval import main_answer_cache as run
+        from .evals.answer_cache import main_answer_cache as run
     else:
-        from .answer_cache_eval import main_pairs as run
+        from .evals.answer_cache import main_pairs as run
     return run
 
 

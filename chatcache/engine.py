@@ -19,21 +19,21 @@ from dialog import BotDefinition, load_bot
 from storage import ChatSession, SessionStore
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
-from .answering import CachedAnswers
+from .answer_cache.answering import CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
-from .conversations import Conversation, Conversations, check_storable
-from .drift import DriftConfig
+from .tiers.conversations import Conversation, Conversations, check_storable
+from .steering.drift import DriftConfig
 from .errors import InvalidMessageError
-from .generation import prefill
-from .hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
-from .kv import kv_bytes_per_token
-from .model_runner import ModelRunner
-from .models import ChatModel, load_chat_model, load_embedder
-from .prompt import Message, PromptRenderer, RenderedSegments
+from .model.generation import prefill
+from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
+from .tiers.kv import kv_bytes_per_token
+from .model.runner import ModelRunner
+from .model.loading import ChatModel, load_chat_model, load_embedder
+from .model.prompt import Message, PromptRenderer, RenderedSegments
 from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
-from .residency import MemoryConfig, ResidentSessions
-from .token_tier import TokenTier, TokenTierStats
-from .turn_tier import TurnTier, TurnTierConfig
+from .tiers.residency import MemoryConfig, ResidentSessions
+from .tiers.token_tier import TokenTier, TokenTierStats
+from .tiers.turn_tier import TurnTier, TurnTierConfig
 
 
 class ChatEngine:

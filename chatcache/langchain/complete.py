@@ -30,12 +30,12 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING
 
 from ..answer_cache import bot_fingerprint
-from ..answering import AnswerScope, CachedAnswers
+from ..answer_cache.answering import AnswerScope, CachedAnswers
 from ..config import GenerationConfig
-from ..conversations import Conversation, check_storable
+from ..tiers.conversations import Conversation, check_storable
 from ..errors import InvalidMessageError
-from ..hcac import TurnContext
-from ..prompt import Message, RenderedSegments
+from ..steering.hcac import TurnContext
+from ..model.prompt import Message, RenderedSegments
 from ..reply import Reply, ReplyStream, TurnStats
 
 if TYPE_CHECKING:

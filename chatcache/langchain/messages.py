@@ -19,7 +19,7 @@ from langchain_core.messages import (
     SystemMessage,
 )
 
-from ..prompt import Message
+from ..model.prompt import Message
 
 _CHAT_ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 _TEXT_BLOCKS = {"text"}

@@ -32,8 +32,8 @@ from storage import SessionStore
 
 from ..answer_cache import AnswerCache, AnswerCacheConfig, Scope, conversation_context
 from ..config import default_data_dir
-from ..hcac import sentence_embed
-from ..models import load_embedder
+from ..steering.hcac import sentence_embed
+from ..model.loading import load_embedder
 
 Embed = Callable[[list[str]], np.ndarray]
 DEFAULT_FILE = "langchain-cache.db"

@@ -17,10 +17,10 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from chatcache import TokenTierConfig
 from chatcache.answer_cache import AnswerCacheConfig, carries_personal_data
 from chatcache.cli import main
-from chatcache.conversations import Conversation
-from chatcache.hcac import TurnContext
+from chatcache.tiers.conversations import Conversation
+from chatcache.steering.hcac import TurnContext
 from chatcache.langchain import CachedChatModel
-from chatcache.prompt import Message
+from chatcache.model.prompt import Message
 
 SYSTEM = "You are a helpful assistant."
 STORE_ALL = AnswerCacheConfig(max_entropy_bits=100.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from chatcache import TokenTierConfig
-from chatcache.prefetch import Prefetcher, TransitionModel
+from chatcache.answer_cache.prefetch import Prefetcher, TransitionModel
 
 
 def test_transition_model_predicts_frequent_followers_only() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from chatcache.answer_cache import AnswerCacheConfig
-from chatcache.answer_cache_eval import (
+from chatcache.evals.answer_cache import (
     evaluate_answer_cache,
     evaluate_pairs,
     main_answer_cache,
@@ -122,7 +122,7 @@ def test_split_keeps_every_category_on_both_sides(tmp_path: Path) -> None:
 
 
 def test_mains_print_one_json_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("chatcache.answer_cache_eval._bundled_embed", bag_embed)
+    monkeypatch.setattr("chatcache.evals.answer_cache._bundled_embed", bag_embed)
     train = write_csv(tmp_path / "train.csv", TRAIN)
     test = write_csv(tmp_path / "test.csv", TEST)
     assert main_answer_cache(["--train", str(train), "--test", str(test), "--json"]) == 0

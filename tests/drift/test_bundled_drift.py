@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatcache.drift import DriftConfig, DriftDetector
-from chatcache.drift_eval import schema_prototypes
+from chatcache.steering.drift import DriftConfig, DriftDetector
+from chatcache.evals.drift import schema_prototypes
 
 pytestmark = pytest.mark.bundled
 

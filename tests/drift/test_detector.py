@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatcache.drift import DriftConfig, DriftDetector, SeedRule, StageThresholds, closes_task, is_low_information
+from chatcache.steering.drift import DriftConfig, DriftDetector, SeedRule, StageThresholds, closes_task, is_low_information
 from chatcache.errors import ConfigError
 
 

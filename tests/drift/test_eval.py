@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chatcache.drift_eval import evaluate_drift, label_switches, main, match_detections
+from chatcache.evals.drift import evaluate_drift, label_switches, main, match_detections
 
 KEYWORDS = ("hotel", "car", "weather")
 
@@ -84,7 +84,7 @@ def test_evaluate_drift_end_to_end(tmp_path: Path) -> None:
 
 def test_main_prints_one_json_object(tmp_path: Path, capsys, monkeypatch) -> None:
     data, schema = write_data(tmp_path)
-    monkeypatch.setattr("chatcache.drift_eval._bundled_embed", fake_embed)
+    monkeypatch.setattr("chatcache.evals.drift._bundled_embed", fake_embed)
     assert main(["--data", str(data), "--schema", str(schema), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["switches"] == 1 and "seed_rule" in printed

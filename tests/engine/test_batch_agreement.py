@@ -1,4 +1,4 @@
-"""Replies under load against the uncached path (`chatcache.batch_eval`): conversations run
+"""Replies under load against the uncached path (`chatcache.evals.batching`): conversations run
 together on the scheduler, every turn answered again alone on a fresh cache."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chatcache import ChatModel
-from chatcache.batch_eval import NEAR_TIE, _agreement, compare_with_uncached, run_together
+from chatcache.evals.batching import NEAR_TIE, _agreement, compare_with_uncached, run_together
 
 SYSTEM = "You are a customer-service assistant for a restaurant booking service. Answer briefly."
 CONVERSATIONS = [
@@ -40,7 +40,7 @@ def test_a_difference_that_is_no_near_tie_is_flagged(tiny_model) -> None:  # typ
     """The check itself can fail: a reply changed at a token the model was sure of is unexplained."""
     from transformers import DynamicCache
 
-    from chatcache.generation import forward
+    from chatcache.model.generation import forward
 
     model = tiny_model.model
     prompt = tiny_model.tokenizer.encode("hello there, how are you")

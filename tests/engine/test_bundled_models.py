@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from chatcache import TokenTierConfig, load_chat_model, load_embedder
-from chatcache.generation import forward
-from chatcache.kv import new_cache
+from chatcache.model.generation import forward
+from chatcache.tiers.kv import new_cache
 
 pytestmark = pytest.mark.bundled
 SYSTEM = "You are a concise assistant for a travel agency."
@@ -56,7 +56,7 @@ def test_bundled_embedder_embeds_and_is_cached() -> None:
 
 
 def test_fast_embedding_path_gives_the_same_vectors_as_encode() -> None:
-    from chatcache.hcac import sentence_embed
+    from chatcache.steering.hcac import sentence_embed
 
     embedder = load_embedder("bundled", device="cpu")
     texts = ["book a table", "What will the weather be like in Paris tomorrow, and should I take an umbrella?"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chatcache import TokenTierConfig
-from chatcache.hcac import DIALOGUE
+from chatcache.steering.hcac import DIALOGUE
 from storage import SessionStore
 
 TRANSFER = "I want to transfer 200 dollars to account 12345678"

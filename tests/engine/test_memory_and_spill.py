@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from chatcache import TokenTierConfig
-from chatcache.kv_spill import dequantize_int8, quantize_int8
+from chatcache.tiers.kv_spill import dequantize_int8, quantize_int8
 
 SYSTEM = "You are a test bot."
 TURNS = ["Hello there", "Book a table for two", "What about Paris?"]

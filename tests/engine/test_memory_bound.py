@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from chatcache import ConfigError, MemoryConfig, TokenTierConfig
-from chatcache.residency import ResidentSessions
+from chatcache.tiers.residency import ResidentSessions
 
 SYSTEM = "You are a test bot."
 TEXTS = ["Hello there", "Book a table for two", "What about Paris?"]

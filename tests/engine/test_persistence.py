@@ -39,7 +39,7 @@ def test_generation_error_keeps_the_users_message_and_a_consistent_record(
     url = f"sqlite:///{tmp_path}/chat.db"
     engine = make_engine(tiny_model, system_prompt=SYSTEM, store=url)
     engine.chat("s", "Hello there", max_new_tokens=6)
-    import chatcache.scheduler as scheduler_module
+    import chatcache.model.scheduler as scheduler_module
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("device lost")

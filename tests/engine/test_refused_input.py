@@ -87,7 +87,7 @@ def test_a_reply_in_which_the_model_wrote_a_nul_is_shown_and_recorded_with_a_rep
 ) -> None:
     import itertools
 
-    import chatcache.scheduler as scheduler_module
+    import chatcache.model.scheduler as scheduler_module
 
     nul = tiny_model.tokenizer.convert_tokens_to_ids("\u0100")  # byte-level BPE's token for the byte 0x00
     assert tiny_model.tokenizer.decode([nul]) == "\x00"

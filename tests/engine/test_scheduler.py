@@ -132,8 +132,8 @@ def test_prompts_prefilled_in_chunks_across_steps_reply_as_alone(tiny_model) -> 
     from transformers import DynamicCache
 
     from chatcache.config import GenerationConfig
-    from chatcache.generation import generate_tokens
-    from chatcache.scheduler import Scheduler
+    from chatcache.model.generation import generate_tokens
+    from chatcache.model.scheduler import Scheduler
 
     model = tiny_model.model
     prompts = [list(range(5, 5 + length)) for length in (23, 3, 16, 2, 9)]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from chatcache import TokenTierConfig
-from chatcache.generation import forward
-from chatcache.kv import new_cache
+from chatcache.model.generation import forward
+from chatcache.tiers.kv import new_cache
 
 SYSTEM = "You are a test bot that answers questions about bookings."
 TURNS = ["Hello there", "Book a table for two", "What about the weather in Paris?", "ok", "Transfer 200 dollars"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chatcache import ChatEngine, InvalidMessageError, ModelNotFoundError, TokenTierConfig, UnknownSessionError
-from chatcache.models import load_chat_model
+from chatcache.model.loading import load_chat_model
 
 SYSTEM = "You are a test bot."
 
@@ -108,7 +108,7 @@ def test_unknown_session_is_a_clear_error(engine: ChatEngine) -> None:
 
 def test_failed_turn_leaves_the_session_unchanged(engine: ChatEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     engine.chat("s", "Hello", max_new_tokens=4)
-    import chatcache.scheduler as scheduler_module
+    import chatcache.model.scheduler as scheduler_module
 
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("out of memory")

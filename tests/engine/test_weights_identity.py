@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from chatcache import ChatModel, TokenTierConfig, load_chat_model
-from chatcache import models
-from chatcache import weights_identity as fingerprint
+from chatcache.model import loading as models
+from chatcache.model import weights_identity as fingerprint
 from storage import default_data_dir
 
 SYSTEM = "You are a test bot that answers questions about bookings."

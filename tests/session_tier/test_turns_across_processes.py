@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy.engine import URL
 
 from chatcache import load_chat_model
-from chatcache.prompt import Message, PromptRenderer, RenderedSegments
+from chatcache.model.prompt import Message, PromptRenderer, RenderedSegments
 from storage import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from chatcache.errors import ConfigError
-from chatcache.turn_tier import TurnTier, TurnTierConfig
+from chatcache.tiers.turn_tier import TurnTier, TurnTierConfig
 
 
 class Clock:

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .config import GenerationConfig
-from .engine import ChatEngine
-from .generation import forward, generate_tokens
-from .model_runner import eos_token_ids
-from .prompt import Message, RenderedSegments
+from ..config import GenerationConfig
+from ..engine import ChatEngine
+from ..model.generation import forward, generate_tokens
+from ..model.runner import eos_token_ids
+from ..model.prompt import Message, RenderedSegments
 
 NEAR_TIE = 1e-4  # top-2 logit gap below which batched and alone may pick differently
 

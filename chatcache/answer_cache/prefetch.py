@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .answer_cache.keys import normalize
+from .keys import normalize
 
 log = logging.getLogger("chatcache")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .drift import DriftConfig, DriftDetector, SeedRule
+from ..steering.drift import DriftConfig, DriftDetector, SeedRule
 
 TOLERANCE = 2
 Embed = Callable[[list[str]], np.ndarray]
@@ -153,7 +153,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def _bundled_embed(texts: list[str]) -> np.ndarray:
-    from .models import load_embedder
+    from ..model.loading import load_embedder
 
     model = load_embedder("bundled", device="cpu")
     return np.asarray(model.encode(texts, batch_size=128, normalize_embeddings=True), dtype=np.float32)

@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .batch_kv import BatchKV
-from .config import GenerationConfig
+from ..config import GenerationConfig
 from .generation import GeneratedToken, entropy_bits, forward, pick
 
 PREFILL_CHUNK = 512  # prompt tokens one step prefills, across the arriving requests

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .answer_cache import AnswerCache, AnswerCacheConfig, Scope
+from ..answer_cache import AnswerCache, AnswerCacheConfig, Scope
 
 Embed = Callable[[list[str]], np.ndarray]
 SCOPE = Scope("eval", "eval")
@@ -219,8 +219,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def _bundled_embed(texts: list[str]) -> np.ndarray:
-    from .hcac import sentence_embed
-    from .models import load_embedder
+    from ..steering.hcac import sentence_embed
+    from ..model.loading import load_embedder
 
     return sentence_embed(load_embedder("bundled", device="cpu"))(texts)
 

@@ -15,19 +15,19 @@ from dataclasses import dataclass, replace
 
 from storage import SessionStore
 
-from .answer_cache import AnswerCache, CacheHit, Scope
-from .answer_cache.keys import conversation_context, intent_context, normalize
-from .answer_cache.personal import any_personal_data
-from .answer_cache.verify import stems
-from .config import GenerationConfig
-from .conversations import Conversation, Conversations
-from .hcac import TurnContext
-from .kv import crop_to, new_cache
-from .model_runner import ModelRunner
+from . import AnswerCache, CacheHit, Scope
+from .keys import conversation_context, intent_context, normalize
+from .personal import any_personal_data
+from .verify import stems
+from ..config import GenerationConfig
+from ..tiers.conversations import Conversation, Conversations
+from ..steering.hcac import TurnContext
+from ..tiers.kv import crop_to, new_cache
+from ..model.runner import ModelRunner
 from .prefetch import Prefetcher, TransitionModel
-from .prompt import Message, PromptRenderer, RenderedSegments
-from .reply import TurnStats
-from .token_tier import common_prefix_length
+from ..model.prompt import Message, PromptRenderer, RenderedSegments
+from ..reply import TurnStats
+from ..tiers.token_tier import common_prefix_length
 
 PREFETCH_REPLY_ROOM = 256
 """Tokens a prefetched answer may take; a question whose prompt leaves less is not prefetched."""

@@ -27,9 +27,9 @@ import torch
 from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, State
 from dialog.state_machine import DialogueStateMachine
 
-from .conversations import Conversation, Conversations
+from ..tiers.conversations import Conversation, Conversations
 from .drift import DriftConfig, DriftDetector
-from .turn_tier import TurnTier
+from ..tiers.turn_tier import TurnTier
 
 Embed = Callable[[list[str]], np.ndarray]
 DIALOGUE = "dialogue"  # state key of the dialogue state machine's dict

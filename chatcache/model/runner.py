@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 from transformers import DynamicCache
 
-from . import kv
-from .config import GenerationConfig
+from ..tiers import kv
+from ..config import GenerationConfig
 from .generation import GeneratedToken, generate_tokens
-from .models import ChatModel
+from .loading import ChatModel
 from .prompt import Message
-from .reply import TurnStats
+from ..reply import TurnStats
 from .scheduler import Request
 from .text_stream import TextStream
-from .token_tier import TokenTier
+from ..tiers.token_tier import TokenTier
 
 
 def eos_token_ids(chat_model: ChatModel) -> set[int]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # Words that carry no topic: acknowledgements, politeness, yes/no and function words.
 _FILLER = frozenset(

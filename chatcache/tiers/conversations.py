@@ -26,8 +26,8 @@ from storage import Fact, SessionHead, SessionStore, StaleVersionError
 from storage import Message as StoredMessage
 from storage.rules import text_problem
 
-from .errors import InvalidMessageError
-from .prompt import Message, RenderedSegments
+from ..errors import InvalidMessageError
+from ..model.prompt import Message, RenderedSegments
 
 CONTEXT_START = "context_start"  # state key: conversation messages before the prompt window
 

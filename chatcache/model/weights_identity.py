@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .config import default_data_dir
+from ..config import default_data_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .kv import from_tensors
+from ..tiers.kv import from_tensors
 
 BLOCK = 256  # positions a buffer grows by
 

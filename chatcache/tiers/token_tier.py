@@ -30,8 +30,8 @@ import torch
 from transformers import DynamicCache
 
 from . import kv
-from .answer_cache.lfu import Heat, LfuPlus
-from .config import TokenTierConfig
+from ..answer_cache.lfu import Heat, LfuPlus
+from ..config import TokenTierConfig
 from .kv_spill import SpillStore
 
 Prefill = Callable[[list[int], DynamicCache], None]

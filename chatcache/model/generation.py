@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .config import GenerationConfig
+from ..config import GenerationConfig
 
 _LN2 = math.log(2.0)
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .config import default_data_dir
-from .errors import ModelNotFoundError
+from ..config import default_data_dir
+from ..errors import ModelNotFoundError
 from .scheduler import Scheduler
 from .weights_identity import weight_digests, weight_files, weights_identity
 
