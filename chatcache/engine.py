@@ -1,10 +1,12 @@
 """ChatEngine: answers a user turn by turn on a local model, serving what it can from its caches.
 
-One turn, top to bottom (`_run_turn`): check the message and record it in the session tier;
-let the dialogue layer and drift detection steer the tiers (`hcac.py`); lay out the prompt
-(system prompt with confirmed facts, the turns that fit, the new message); serve it from the
-answer cache if it may (`answering.py`), else run the model on the session's KV from the token
-tier, prefilling only what it lacks (`model_runner.py`); record the reply. A failed turn keeps the user's message in the record and changes nothing
+One turn, top to bottom (`_run_turn`), carried through named steps by one `Turn` record:
+receive (check the message, record it in the session tier); understand (the dialogue layer and
+drift detection steer the tiers, `steering/hcac.py`; the answer cache's scope); serve (the flow's
+own question, a cached answer, or the model on the session's KV from the token tier, prefilling
+only what it lacks, `model/runner.py`, on a prompt laid out from the system prompt with
+confirmed facts and the turns that fit); commit (the reply, dialogue state, prompt window and
+facts in one write). A failed turn keeps the user's message in the record and changes nothing
 else; a cancelled one keeps what was said.
 """
 
@@ -13,13 +15,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dialog import BotDefinition, load_bot
 from storage import ChatSession, SessionStore
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
-from .answer_cache.answering import CachedAnswers
+from .answer_cache.answering import AnswerScope, CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .tiers.conversations import Conversation, Conversations, check_storable
 from .steering.drift import DriftConfig
@@ -34,6 +37,23 @@ from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
 from .tiers.residency import MemoryConfig, ResidentSessions
 from .tiers.token_tier import TokenTier, TokenTierStats
 from .tiers.turn_tier import TurnTier, TurnTierConfig
+
+
+@dataclass
+class Turn:
+    """One user turn as it flows through the engine's steps; each step fills in what it decided."""
+
+    session_id: str
+    text: str
+    params: GenerationConfig
+    started: float
+    user: Message
+    user_seq: int = 0
+    context: TurnContext = field(default_factory=TurnContext)
+    scope: AnswerScope | None = None
+    stats: TurnStats = field(default_factory=TurnStats)
+    reply: Message | None = None
+    committed: bool = False
 
 
 class ChatEngine:
@@ -305,12 +325,12 @@ class ChatEngine:
     def _run_turn(
         self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]
     ) -> Generator[str, None, None]:
-        started = time.perf_counter()
-        user = Message("user", text)
+        """One turn, through its steps in order: receive, understand, serve, commit."""
+        turn = Turn(session_id, text, params, time.perf_counter(), Message("user", text))
         # Checked before the session is opened, so a refused first message creates nothing; a
         # new session's system message is the bot's prompt alone (it has no facts yet).
         bare_system = Message("system", self.system_prompt) if self.system_prompt else None
-        self._check_fits(bare_system, user, params.max_new_tokens)
+        self._check_fits(bare_system, turn.user, params.max_new_tokens)
         with (
             self.conversations.hold(session_id, create=True) as conversation,
             self.conversations.turn(conversation) as rebuilt,
@@ -318,75 +338,101 @@ class ChatEngine:
             if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
                 self._release_topic(session_id)
             if conversation.system != bare_system:  # the session's facts lengthen the system message
-                self._check_fits(conversation.system, user, params.max_new_tokens)
-            tokens = len(self.renderer.encode_text(text))
-            user_seq = self.conversations.record_user(conversation, text, tokens)
-            turn_id = f"{session_id}:{user_seq}"
-            context = (
-                self.coordinator.before_reply(conversation, text, turn_id) if self.coordinator else TurnContext()
-            )
-            stats = TurnStats(drift=context.drift)
-            answer_scope = self.answers.scope(conversation, context, text) if self.answers else None
-            hit = self.answers.lookup(text, answer_scope, context, params) if self.answers and answer_scope else None
-            if context.bot_reply is not None:
-                # The flow needs a slot or a confirmation: the bot's own question is the answer.
-                stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - started
-                yield context.bot_reply
-                reply = Message("assistant", context.bot_reply)
-            elif hit is not None:
-                stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
-                stats.ttft_s = time.perf_counter() - started
-                yield hit.answer
-                reply = Message("assistant", hit.answer)
-                assert self.answers is not None
-                self.answers.maybe_audit(
-                    hit, params, lambda: self._layout_prompt(conversation, user, params.max_new_tokens)[0]
-                )
-            else:
-                prompt, stats.dropped_turns = self._layout_prompt(conversation, user, params.max_new_tokens)
-                generated: list[Message] = []
-                try:
-                    yield from self.runner.stream(session_id, prompt, params, stats, started, generated)
-                except GeneratorExit:
-                    pass  # cancelled: `_generate` already kept what was generated
-                if not generated:
-                    return
-                reply = generated[0]
-                if self.answers is not None and answer_scope is not None:
-                    self.answers.store(text, reply, answer_scope, context, stats, params, started)
-            meta = {
-                "tier": stats.tier,
-                "finish_reason": stats.finish_reason,
-                "ttft_s": stats.ttft_s,
-                "intent": context.intent,
-                "drift": context.drift,
-                "dialogue_state": context.dialogue_state,
-            }
+                self._check_fits(conversation.system, turn.user, params.max_new_tokens)
+            self._receive(conversation, turn)
             try:
-                self.conversations.record_reply(conversation, user, user_seq, reply, meta)
-            except BaseException:
-                self.conversations.forget(session_id)  # memory must not run ahead of the record
-                raise
-            if self.coordinator is not None:
-                self.coordinator.after_reply(conversation, context, turn_id)
-            if self.prefetcher is not None:
-                previous = self.turn_tier.get(session_id, "last_question")
-                current = (text, context.intent)
-                self.turn_tier.put(session_id, "last_question", current)
-                self.prefetcher.after_turn(session_id, [previous, current] if previous else [current])
-            stats.total_s = time.perf_counter() - started
-            stats.kv_bytes = self.token_tier.resident_bytes()
-            holder.append(
-                Reply(
-                    session_id,
-                    reply.content,
-                    list(reply.generated_ids or ()),
-                    stats,
-                    intent=context.intent,
-                    confidence=context.confidence,
-                    dialogue_state=context.dialogue_state,
-                )
-            )
+                self._understand(conversation, turn)
+                try:
+                    yield from self._serve(conversation, turn)
+                except GeneratorExit:
+                    pass  # the reader stopped: the model's reply keeps what was generated
+                if turn.reply is not None:
+                    self._commit(conversation, turn)
+            finally:
+                if not turn.committed:  # what the turn changed in memory was never stored
+                    self.conversations.forget(session_id)
+            if turn.committed:
+                holder.append(self._reply_of(turn))
+
+    def _receive(self, conversation: Conversation, turn: Turn) -> None:
+        """Record the user's message before anything can fail (the turn's first write)."""
+        tokens = len(self.renderer.encode_text(turn.text))
+        turn.user_seq = self.conversations.record_user(conversation, turn.text, tokens)
+
+    def _understand(self, conversation: Conversation, turn: Turn) -> None:
+        """The dialogue layer and drift detection read the turn; the answer cache's scope follows."""
+        turn_id = f"{turn.session_id}:{turn.user_seq}"
+        if self.coordinator is not None:
+            turn.context = self.coordinator.before_reply(conversation, turn.text, turn_id)
+        turn.stats.drift = turn.context.drift
+        if self.answers is not None:
+            turn.scope = self.answers.scope(conversation, turn.context, turn.text)
+
+    def _serve(self, conversation: Conversation, turn: Turn) -> Generator[str, None, None]:
+        """The reply: the flow's own question, a cached answer, or the model on the session's KV."""
+        stats, params = turn.stats, turn.params
+        hit = self.answers.lookup(turn.text, turn.scope, turn.context, params) if self.answers and turn.scope else None
+        if turn.context.bot_reply is not None:
+            # The flow needs a slot or a confirmation: the bot's own question is the answer.
+            stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - turn.started
+            yield turn.context.bot_reply
+            turn.reply = Message("assistant", turn.context.bot_reply)
+        elif hit is not None:
+            assert self.answers is not None
+            stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
+            stats.ttft_s = time.perf_counter() - turn.started
+            yield hit.answer
+            turn.reply = Message("assistant", hit.answer)
+            self.answers.maybe_audit(hit, params, lambda: self._plan(conversation, turn)[0])
+        else:
+            prompt, stats.dropped_turns = self._plan(conversation, turn)
+            generated: list[Message] = []
+            try:
+                yield from self.runner.stream(turn.session_id, prompt, params, stats, turn.started, generated)
+            finally:  # also when the reader stopped: the runner kept what was generated
+                if generated:
+                    turn.reply = generated[0]
+            if not generated:
+                return
+            if self.answers is not None and turn.scope is not None:
+                self.answers.store(turn.text, turn.reply, turn.scope, turn.context, stats, params, turn.started)
+
+    def _commit(self, conversation: Conversation, turn: Turn) -> None:
+        """Store the reply and everything the turn changed, in one write; then the in-memory follow-ups."""
+        assert turn.reply is not None
+        context = turn.context
+        if self.coordinator is not None:
+            self.coordinator.after_reply(conversation, context, f"{turn.session_id}:{turn.user_seq}")
+        meta = {
+            "tier": turn.stats.tier,
+            "finish_reason": turn.stats.finish_reason,
+            "ttft_s": turn.stats.ttft_s,
+            "intent": context.intent,
+            "drift": context.drift,
+            "dialogue_state": context.dialogue_state,
+        }
+        self.conversations.commit(conversation, turn.user, turn.user_seq, turn.reply, meta)
+        turn.committed = True
+        if self.prefetcher is not None:
+            previous = self.turn_tier.get(turn.session_id, "last_question")
+            current = (turn.text, context.intent)
+            self.turn_tier.put(turn.session_id, "last_question", current)
+            self.prefetcher.after_turn(turn.session_id, [previous, current] if previous else [current])
+
+    def _reply_of(self, turn: Turn) -> Reply:
+        assert turn.reply is not None
+        turn.stats.total_s = time.perf_counter() - turn.started
+        turn.stats.kv_bytes = self.token_tier.resident_bytes()
+        context = turn.context
+        return Reply(
+            turn.session_id,
+            turn.reply.content,
+            list(turn.reply.generated_ids or ()),
+            turn.stats,
+            intent=context.intent,
+            confidence=context.confidence,
+            dialogue_state=context.dialogue_state,
+        )
 
     def _check_fits(self, system: Message | None, user: Message, max_new_tokens: int) -> None:
         """Refuse a message that cannot fit the context window even with no history."""
@@ -397,6 +443,9 @@ class ChatEngine:
                 f"({len(self._system_ids)} tokens) and {max_new_tokens} reply tokens it exceeds the "
                 f"context window of {self.context_window}. Shorten it or lower max_new_tokens."
             )
+
+    def _plan(self, conversation: Conversation, turn: Turn) -> tuple[list[int], int]:
+        return self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens)
 
     def _layout_prompt(self, conversation: Conversation, user: Message, max_new_tokens: int) -> tuple[list[int], int]:
         """Prompt ids for the conversation plus `user`, dropping the oldest whole turns that do not fit.

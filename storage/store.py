@@ -13,7 +13,8 @@ is mid-flow and never expires.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import TracebackType
@@ -288,28 +289,7 @@ class SessionStore:
         check_id("session id", session_id)
         now = self._clock()
         with self._db.transaction() as db:
-            # Compare-and-set: the WHERE clause is the lock, so no read can go stale.
-            changed = rows_changed(
-                db,
-                update(SessionRow)
-                .where(
-                    SessionRow.id == session_id,
-                    SessionRow.version == expected_version,
-                    SessionRow.status == SessionStatus.ACTIVE,
-                )
-                .values(
-                    state=dict(new_state),
-                    version=SessionRow.version + 1,
-                    updated_at=now,
-                    expires_at=now + self.ttl,
-                ),
-            )
-            row = self._require(db, session_id)
-            if changed == 0:
-                if row.status != SessionStatus.ACTIVE:
-                    raise SessionClosedError(session_id, row.status)
-                raise StaleVersionError(session_id, expected_version, row.version)
-            return row.record()
+            return self._replace_state(db, session_id, new_state, expected_version, now)
 
     def expire_sessions(self, now: datetime | None = None) -> list[str]:
         """Mark active sessions past their expiry as expired, except those mid-flow.
@@ -391,22 +371,7 @@ class SessionStore:
         now = self._clock()
         with self._db.transaction() as db:
             self._touch(db, session_id, now, lease)
-            last = db.scalar(
-                select(func.max(MessageRow.seq)).where(MessageRow.session_id == session_id)
-            )
-            row = MessageRow(
-                session_id=session_id,
-                seq=(last or 0) + 1,
-                role=role,
-                content=content,
-                token_count=token_count,
-                created_at=now,
-                meta=None if meta is None else dict(meta),
-                reply_to=reply_to,
-            )
-            db.add(row)
-            db.flush()
-            return row.record()
+            return self._insert_message(db, session_id, role, content, token_count, meta, reply_to, now)
 
     def messages(self, session_id: str, limit: int | None = None) -> list[Message]:
         """Return the session's messages oldest first; with `limit`, only the latest ones.
@@ -456,28 +421,62 @@ class SessionStore:
             UnknownSessionError: No session has this id.
         """
         check_id("session id", session_id)
-        check_text("fact name", name, ID_LENGTH)
-        check_text("fact value", value)
-        kind = FactKind(kind)
-        if not 0.0 <= confidence <= 1.0:
-            raise ValueError(f"confidence must be within [0, 1], got {confidence}")
+        kind = _checked_fact(kind, name, value, confidence)
         now = self._clock()
         with self._db.transaction() as db:
             self._touch(db, session_id, now)
-            row = db.scalar(
-                select(FactRow).where(
-                    FactRow.session_id == session_id, FactRow.kind == kind, FactRow.name == name
-                )
-            )
-            if row is None:
-                row = FactRow(session_id=session_id, kind=kind, name=name)
-                db.add(row)
-            row.value = value
-            row.confidence = confidence
-            row.source_turn = source_turn
-            row.created_at = now
-            db.flush()
-            return row.record()
+            return self._upsert_fact(db, session_id, kind, name, value, confidence, source_turn, now)
+
+    def commit_turn(
+        self,
+        session_id: str,
+        reply: str,
+        token_count: int,
+        meta: Mapping[str, Any] | None,
+        *,
+        reply_to: int,
+        state: Mapping[str, Any],
+        expected_version: int,
+        facts: Sequence[NewFact] = (),
+        lease: str | None = None,
+    ) -> tuple[Message, ChatSession]:
+        """Store what a turn produced, all or nothing: the reply, the new state, the facts learned.
+
+        A turn writes its user message when it arrives (`append_message`) and everything else
+        here, in one transaction, so a turn that fails or loses its lease part way leaves the
+        session as the user message found it.
+
+        Args:
+            session_id: The session the turn ran in.
+            reply: The assistant's reply text; `token_count`, `meta` and `reply_to` as for
+                `append_message`.
+            state: The session's whole new state; written only if the stored version is
+                still `expected_version`.
+            facts: Facts learned this turn, each replacing any of the same kind and name.
+            lease: The turn lease this write is made under.
+
+        Returns:
+            The stored reply and the session with its new version.
+
+        Raises:
+            StaleVersionError: Someone changed the state since the turn read it.
+            LeaseLostError: `lease` was given and another holder has the session now.
+            SessionClosedError: The session has ended or expired.
+            UnknownSessionError: No session has this id.
+        """
+        check_id("session id", session_id)
+        check_text("message", reply)
+        if token_count < 0:
+            raise ValueError(f"token_count must be >= 0, got {token_count}")
+        checked = [(_checked_fact(f.kind, f.name, f.value, f.confidence), f) for f in facts]
+        now = self._clock()
+        with self._db.transaction() as db:
+            self._touch(db, session_id, now, lease)
+            message = self._insert_message(db, session_id, Role.ASSISTANT, reply, token_count, meta, reply_to, now)
+            for kind, fact in checked:
+                self._upsert_fact(db, session_id, kind, fact.name, fact.value, fact.confidence, fact.source_turn, now)
+            session = self._replace_state(db, session_id, state, expected_version, now)
+            return message, session
 
     def facts(self, session_id: str) -> list[Fact]:
         """Return the session's facts ordered by kind, then name.
@@ -498,6 +497,82 @@ class SessionStore:
             return [row.record() for row in rows]
 
     # -- helpers --------------------------------------------------------------------
+
+    def _replace_state(
+        self, db: Session, session_id: str, new_state: Mapping[str, Any], expected_version: int, now: datetime
+    ) -> ChatSession:
+        # Compare-and-set: the WHERE clause is the lock, so no read can go stale.
+        changed = rows_changed(
+            db,
+            update(SessionRow)
+            .where(
+                SessionRow.id == session_id,
+                SessionRow.version == expected_version,
+                SessionRow.status == SessionStatus.ACTIVE,
+            )
+            .values(
+                state=dict(new_state),
+                version=SessionRow.version + 1,
+                updated_at=now,
+                expires_at=now + self.ttl,
+            ),
+        )
+        row = self._require(db, session_id)
+        if changed == 0:
+            if row.status != SessionStatus.ACTIVE:
+                raise SessionClosedError(session_id, row.status)
+            raise StaleVersionError(session_id, expected_version, row.version)
+        return row.record()
+
+    def _insert_message(
+        self,
+        db: Session,
+        session_id: str,
+        role: Role,
+        content: str,
+        token_count: int,
+        meta: Mapping[str, Any] | None,
+        reply_to: int | None,
+        now: datetime,
+    ) -> Message:
+        last = db.scalar(select(func.max(MessageRow.seq)).where(MessageRow.session_id == session_id))
+        row = MessageRow(
+            session_id=session_id,
+            seq=(last or 0) + 1,
+            role=role,
+            content=content,
+            token_count=token_count,
+            created_at=now,
+            meta=None if meta is None else dict(meta),
+            reply_to=reply_to,
+        )
+        db.add(row)
+        db.flush()
+        return row.record()
+
+    def _upsert_fact(
+        self,
+        db: Session,
+        session_id: str,
+        kind: FactKind,
+        name: str,
+        value: str,
+        confidence: float,
+        source_turn: int,
+        now: datetime,
+    ) -> Fact:
+        row = db.scalar(
+            select(FactRow).where(FactRow.session_id == session_id, FactRow.kind == kind, FactRow.name == name)
+        )
+        if row is None:
+            row = FactRow(session_id=session_id, kind=kind, name=name)
+            db.add(row)
+        row.value = value
+        row.confidence = confidence
+        row.source_turn = source_turn
+        row.created_at = now
+        db.flush()
+        return row.record()
 
     def _require(self, db: Session, session_id: str) -> SessionRow:
         row = db.get(SessionRow, session_id)
@@ -526,6 +601,26 @@ class SessionStore:
             if changed == 0:
                 raise UnknownSessionError(session_id)
             return self._require(db, session_id).record()
+
+
+@dataclass(frozen=True)
+class NewFact:
+    """A fact a turn learned, for `SessionStore.commit_turn`."""
+
+    kind: FactKind | str
+    name: str
+    value: str
+    confidence: float
+    source_turn: int
+
+
+def _checked_fact(kind: FactKind | str, name: str, value: str, confidence: float) -> FactKind:
+    """The rules a fact must meet, checked before anything is written; returns its kind."""
+    check_text("fact name", name, ID_LENGTH)
+    check_text("fact value", value)
+    if not 0.0 <= confidence <= 1.0:
+        raise ValueError(f"confidence must be within [0, 1], got {confidence}")
+    return FactKind(kind)
 
 
 def _check_new_session(session_id: str, user_id: str, bot: str, title: str | None) -> None:

@@ -99,7 +99,7 @@ class CachedAnswers:
         """
         base = replace(self.base, bot=bot) if bot is not None else self.base
         window = conversation.turns[conversation.context_start :]
-        slots = {str(name): str(value) for name, value in conversation.state.get("dialogue", {}).get("slots", {}).items()}
+        slots = {str(name): str(value) for name, value in (conversation.dialogue or {}).get("slots", {}).items()}
         told = [m.content for m in window] + [f.value for f in conversation.facts] + [*slots.values(), question]
         if any_personal_data(told):
             return None

@@ -2,15 +2,16 @@
 
 Before the model runs, `ContextCoordinator.before_reply`:
   1. embeds the user turn (the classifier, drift detection and the turn tier all use it);
-  2. steps the dialogue state machine (intent with confidence, slots, flow state) and saves
-     the new state with optimistic locking;
+  2. steps the dialogue state machine (intent with confidence, slots, flow state);
   3. on a topic change (drift: judged against the assistant's last turn and whether the
      flow just completed a task), drops the session's turn-tier entries and moves the prompt
      window to start at this turn: older turns stay in the session tier, confirmed facts stay
      in the prompt, and the token tier then reuses only the stable prefix;
   4. keeps the turn's intent candidates and unconfirmed slots in the turn tier;
   5. promotes a confirmed intent (user confirmation, or confidence above the threshold) and
-     its slots into the session tier as facts, which the system message then shows.
+     its slots to session facts, which the system message shows from this turn on.
+What changes in the session (dialogue state, prompt window, facts) changes on the conversation
+in memory; the engine's commit at the end of the turn stores it, with the reply, in one go.
 When the flow needs a slot or a confirmation, the bot's own question is the reply and the
 model is not run. After the reply, `after_reply` closes an action the flow reached.
 """
@@ -32,7 +33,6 @@ from .drift import DriftConfig, DriftDetector
 from ..tiers.turn_tier import TurnTier
 
 Embed = Callable[[list[str]], np.ndarray]
-DIALOGUE = "dialogue"  # state key of the dialogue state machine's dict
 
 
 @dataclass
@@ -124,7 +124,7 @@ class ContextCoordinator:
         # One batch: the assistant's last turn is context the new user turn is judged against.
         vectors = self.embed([text] if assistant_text is None or self.drift is None else [text, assistant_text])
         context = TurnContext(embedding=vectors[0])
-        before = dict(conversation.state.get(DIALOGUE) or {})  # the dialogue as the last turn left it
+        before = dict(conversation.dialogue or {})  # the dialogue as the last turn left it
         if self.manager is not None:
             self._step_dialogue(conversation, text, turn_id, context)
         if self.drift is not None:
@@ -164,15 +164,13 @@ class ContextCoordinator:
 
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
         assert self.manager is not None
-        state = conversation.state.get(DIALOGUE)
+        state = conversation.dialogue
         if state and State(state["state"]) in (State.HANDED_OFF, State.ACTING):
             machine = DialogueStateMachine.from_dict(state)  # a new user turn starts over
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{turn_id}:reset"))
             state = machine.to_dict()
         decision = self.manager.handle(state, text, turn_id, context.embedding)
-        self.conversations.update_state(
-            conversation, {DIALOGUE: decision.state, "flow_active": decision.state.get("flow_active", False)}
-        )
+        conversation.dialogue = decision.state
         context.intent, context.confidence = decision.intent, decision.confidence
         context.dialogue_state = decision.state["state"]
         context.cacheable, context.bot_reply, context.action = decision.cacheable, decision.prompt, decision.action
@@ -198,9 +196,10 @@ class ContextCoordinator:
         """The reply performed the flow's action: the machine moves on from ACTING."""
         if self.manager is None or context.dialogue_state != State.ACTING.value:
             return
-        machine = DialogueStateMachine.from_dict(conversation.state[DIALOGUE])
+        assert conversation.dialogue is not None
+        machine = DialogueStateMachine.from_dict(conversation.dialogue)
         machine.apply(DialogueEvent(EventType.ACTED, {"action": context.action}, f"{turn_id}:acted"))
-        self.conversations.update_state(conversation, {DIALOGUE: machine.to_dict(), "flow_active": machine.flow_active})
+        conversation.dialogue = machine.to_dict()
         context.dialogue_state = machine.state.value
 
     def release(self, session_id: str) -> None:

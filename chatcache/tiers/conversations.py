@@ -1,7 +1,10 @@
 """Conversations in memory, backed by the session tier (the database is the record).
 
-Every user message is written before the model runs and every reply after it, so a crash
-loses at most the reply being generated. Memory holds what a turn needs at once: the
+A turn writes the session tier twice: its user message when it arrives (before the model
+runs, so a crash loses at most the reply), and everything else it produced in one commit at
+the end (`commit`: the reply, the dialogue state, where the prompt window starts, the facts it
+confirmed). Until then those changes live only in the copy in memory; a turn that fails
+drops that copy, so memory never runs ahead of the record. Memory holds what a turn needs at once: the
 messages in prompt order (each reply with the exact ids it was generated as), where the
 prompt window starts, and the rendered segments. A user message that never got a reply
 (its turn failed) stays in the record but is left out of the prompt; each reply records the
@@ -22,7 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from storage import Fact, SessionHead, SessionStore, StaleVersionError
+from datetime import datetime, timezone
+
+from storage import Fact, FactKind, NewFact, SessionHead, SessionStore
 from storage import Message as StoredMessage
 from storage.rules import text_problem
 
@@ -30,21 +35,29 @@ from ..errors import InvalidMessageError
 from ..model.prompt import Message, RenderedSegments
 
 CONTEXT_START = "context_start"  # state key: conversation messages before the prompt window
+DIALOGUE = "dialogue"  # state key: the dialogue state machine's dict
 
 log = logging.getLogger("chatcache")
 
 
 @dataclass
 class Conversation:
-    """One session's conversation as the engine uses it during a turn."""
+    """One session's conversation as the engine uses it during a turn.
+
+    Its session state is typed here and nowhere else: `dialogue` (the dialogue state
+    machine's dict) and `context_start` (messages before the prompt window); `stored_state`
+    is what the session tier keeps of them. `learned` holds the facts this turn confirmed,
+    shown in `system` already and stored by the turn's commit.
+    """
 
     id: str
     system: Message | None
     turns: list[Message] = field(default_factory=list)
     context_start: int = 0
+    dialogue: dict[str, Any] | None = None
     segments: RenderedSegments = field(default_factory=RenderedSegments)
     facts: list[Fact] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)
+    learned: list[NewFact] = field(default_factory=list)
     version: int = 0
     last_seq: int = 0  # the newest stored message this copy has seen
     lease: str | None = None  # the turn lease's holder while a turn runs
@@ -54,6 +67,14 @@ class Conversation:
         """System message then the turns from `start` (default: the current window start)."""
         begin = self.context_start if start is None else start
         return ([self.system] if self.system else []) + self.turns[begin:]
+
+    @property
+    def flow_active(self) -> bool:
+        """A flow is half done (the session tier never expires such a session)."""
+        return bool(self.dialogue and self.dialogue.get("flow_active"))
+
+    def stored_state(self) -> dict[str, Any]:
+        return {DIALOGUE: self.dialogue, "flow_active": self.flow_active, CONTEXT_START: self.context_start}
 
 
 def _window_start(session_id: str, stored: object, turns: int) -> int:
@@ -155,10 +176,17 @@ class Conversations:
                 if question is not None:
                     turns += [question, Message("assistant", record.content, self._generated_ids(record))]
         last_seq = records[-1].seq if records else 0
+        dialogue = state.get(DIALOGUE)
         conversation = Conversation(
-            session_id, system=None, turns=turns, facts=facts, state=dict(state), version=version, last_seq=last_seq
+            session_id,
+            system=None,
+            turns=turns,
+            context_start=_window_start(session_id, state.get(CONTEXT_START, 0), len(turns)),
+            dialogue=dict(dialogue) if isinstance(dialogue, dict) else None,
+            facts=facts,
+            version=version,
+            last_seq=last_seq,
         )
-        conversation.context_start = _window_start(session_id, state.get(CONTEXT_START, 0), len(turns))
         self._set_system(conversation)
         return conversation
 
@@ -226,55 +254,49 @@ class Conversations:
         conversation.last_seq = message.seq
         return message.seq
 
-    def record_reply(
+    def commit(
         self, conversation: Conversation, user: Message, user_seq: int, reply: Message, meta: dict[str, Any]
     ) -> None:
-        """Store the reply to the user message `user_seq`, then add the finished turn in memory."""
+        """Store the turn's reply to the user message `user_seq` with everything else the turn
+        changed (state, facts) in one transaction, then add the finished turn in memory.
+
+        Raises:
+            StaleVersionError: the stored state changed during the turn, outside its lease.
+            LeaseLostError: another process holds the session now.
+        """
         ids = list(reply.generated_ids or ())
-        message = self.store.append_message(
+        message, session = self.store.commit_turn(
             conversation.id,
-            "assistant",
             reply.content,
             len(ids),
             {**meta, "token_ids": ids},
             reply_to=user_seq,
+            state=conversation.stored_state(),
+            expected_version=conversation.version,
+            facts=conversation.learned,
             lease=conversation.lease,
         )
-        conversation.last_seq = message.seq
+        conversation.version, conversation.last_seq = session.version, message.seq
         conversation.turns += [user, reply]
+        if conversation.learned:
+            conversation.facts = self.store.facts(conversation.id)
+            conversation.learned = []
 
     def move_context_start(self, conversation: Conversation, start: int) -> None:
-        """Leave the turns before `start` out of the prompt from now on (and after a restart).
+        """Leave the turns before `start` out of the prompt from now on (stored by the turn's commit).
 
         The caller re-renders the segments of the new window.
         """
-        if start == conversation.context_start:
-            return
         conversation.context_start = start
-        self.update_state(conversation, {CONTEXT_START: start})
-
-    def update_state(self, conversation: Conversation, changes: dict[str, Any]) -> None:
-        """Apply `changes` to the stored state with optimistic locking.
-
-        A write that lost a race re-reads the session and applies the same changes on top of
-        what the other writer stored, up to three times.
-        """
-        for _ in range(3):
-            try:
-                session = self.store.update_state(conversation.id, {**conversation.state, **changes}, conversation.version)
-            except StaleVersionError:
-                fresh = self.store.get_session(conversation.id)
-                conversation.state, conversation.version = dict(fresh.state), fresh.version
-                continue
-            conversation.state, conversation.version = dict(session.state), session.version
-            return
-        raise StaleVersionError(conversation.id, conversation.version, self.store.get_session(conversation.id).version)
 
     def promote(self, conversation: Conversation, facts: list[tuple[str, str, str, float]], turn: int) -> None:
-        """Write confirmed (kind, name, value, confidence) facts; the system message then shows them."""
+        """Confirm (kind, name, value, confidence) facts: the system message shows them from this
+        turn on, and the turn's commit stores them."""
+        now = datetime.now(timezone.utc)
         for kind, name, value, confidence in facts:
-            self.store.upsert_fact(conversation.id, kind, name, value, confidence, turn)
-        conversation.facts = self.store.facts(conversation.id)
+            conversation.learned.append(NewFact(kind, name, value, confidence, turn))
+            replaced = [f for f in conversation.facts if (f.kind.value, f.name) != (kind, name)]
+            conversation.facts = [*replaced, Fact(0, conversation.id, FactKind(kind), name, value, confidence, turn, now)]
         self._set_system(conversation)
 
     def forget(self, session_id: str) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from chatcache import TokenTierConfig
-from chatcache.steering.hcac import DIALOGUE
-from storage import SessionStore
+from chatcache.tiers.conversations import DIALOGUE
+from storage import SessionStore, StaleVersionError
 
 TRANSFER = "I want to transfer 200 dollars to account 12345678"
 
@@ -85,16 +85,40 @@ def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed
     assert engine.turn_tier.get("busy", "intent_candidate")[0] == "transfer_money"
 
 
-def test_stale_state_write_is_retried_on_top_of_the_other_writer(bank) -> None:  # type: ignore[no-untyped-def]
+def test_a_turn_writes_the_session_tier_twice_its_message_then_one_commit(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Even the turn that confirms a flow (its state, the action, the facts) writes its user
+    message on arrival and everything else in one transaction at the end."""
     engine = bank()
-    engine.chat("s", "What are your opening hours?", max_new_tokens=4)
-    conversation = engine.conversations.open("s", create=False)
-    seen = conversation.version
-    engine.store.update_state("s", {**conversation.state, "other_writer": 1}, seen)  # another process
-    engine.conversations.update_state(conversation, {"mine": 2})
-    stored = engine.store.get_session("s")
-    assert stored.state["other_writer"] == 1 and stored.state["mine"] == 2
-    assert stored.version == seen + 2 == conversation.version
+    engine.chat("s", TRANSFER, max_new_tokens=8)
+    writes: list[str] = []
+    for name in ("append_message", "commit_turn", "update_state", "upsert_fact"):
+        method = getattr(engine.store, name)
+        monkeypatch.setattr(engine.store, name, lambda *a, _m=method, _n=name, **k: (writes.append(_n), _m(*a, **k))[1])
+    reply = engine.chat("s", "yes, do it", max_new_tokens=8)
+    assert reply.dialogue_state == "DONE" and len(engine.store.facts("s")) == 3
+    assert writes == ["append_message", "commit_turn"]
+
+
+def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    engine = bank()
+    engine.chat("s", TRANSFER, max_new_tokens=8)
+    facts = engine.store.facts("s")
+    understand = engine.coordinator.before_reply
+
+    def meddling(conversation, *args):  # type: ignore[no-untyped-def]
+        stored = engine.store.get_session("s")
+        engine.store.update_state("s", {**stored.state, "other_writer": 1}, stored.version)  # ignores the lease
+        return understand(conversation, *args)
+
+    monkeypatch.setattr(engine.coordinator, "before_reply", meddling)
+    with pytest.raises(StaleVersionError):
+        engine.chat("s", "yes, do it", max_new_tokens=8)
+    assert [m.role.value for m in engine.store.messages("s")] == ["user", "assistant", "user"]
+    assert engine.store.facts("s") == facts
+    assert engine.store.get_session("s").state[DIALOGUE]["state"] == "CONFIRMING"
+    monkeypatch.undo()
+    again = engine.chat("s", "yes, do it", max_new_tokens=8)  # rebuilt from the record, the flow goes on
+    assert again.dialogue_state == "DONE" and len(engine.store.facts("s")) == 3
 
 
 def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> None:  # type: ignore[no-untyped-def]
