@@ -12,9 +12,10 @@ else; a cancelled one keeps what was said.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,11 +33,37 @@ from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embe
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
 from .model.loading import ChatModel, load_chat_model, load_embedder
-from .model.prompt import Message, PromptRenderer, RenderedSegments
+from .model.prompt import Message, PromptRenderer, RenderedSegments, ReplyIds
 from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
-from .tiers.residency import MemoryConfig, ResidentSessions
+from .tiers.residency import KeyLocks, MemoryConfig, ResidentSessions
 from .tiers.token_tier import TokenTier, TokenTierStats
 from .tiers.turn_tier import TurnTier, TurnTierConfig
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def conversation_key(messages: Sequence[Message]) -> str:
+    """Token-tier key of a conversation the caller keeps: its system message (if any) and first user message."""
+    head: list[Message] = []
+    for message in messages:
+        head.append(message)
+        if message.role == "user":
+            break
+    raw = "\0".join(f"{m.role}:{m.content}" for m in head)
+    return "lc:" + hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def _generation(
+    max_new_tokens: int, temperature: float, top_p: float, stop: str | Sequence[str] | None, seed: int | None
+) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop=tuple([stop] if isinstance(stop, str) else stop or ()),
+        seed=seed,
+    )
 
 
 @dataclass
@@ -48,6 +75,10 @@ class Turn:
     params: GenerationConfig
     started: float
     user: Message
+    kv_key: str = ""  # the token tier's entry: the session id, or the given conversation's key
+    given: bool = False  # the caller keeps the conversation (`complete`): nothing is recorded
+    prefix: list[int] | None = None  # the shared system-prompt ids to start from (default: the engine's)
+    bot: str | None = None  # the answer cache's bot fingerprint (default: the engine's)
     user_seq: int = 0
     context: TurnContext = field(default_factory=TurnContext)
     scope: AnswerScope | None = None
@@ -151,6 +182,8 @@ class ChatEngine:
             if self.answer_cache is not None
             else None
         )
+        self._reply_ids = ReplyIds()  # our replies as `complete` callers send them back
+        self._key_locks = KeyLocks()  # one `complete` turn at a time per token-tier key
         self._busy = 0
         self._busy_lock = threading.Lock()
         self.prefetcher = self.answers.prefetcher(store, lambda: self._busy > 0) if prefetch and self.answers else None
@@ -209,13 +242,7 @@ class ChatEngine:
                 recorded either way; a new session is not even created.
             ConfigError: a decoding setting that can never work (at once).
         """
-        params = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=tuple([stop] if isinstance(stop, str) else stop or ()),
-            seed=seed,
-        )
+        params = _generation(max_new_tokens, temperature, top_p, stop, seed)
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
         check_storable(text)
@@ -236,6 +263,62 @@ class ChatEngine:
         """`stream` for asyncio code: `async for piece in engine.astream(...)`, called inside a
         running event loop; the same errors, raised at once or when iteration starts."""
         return AsyncReplyStream(self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed))
+
+    def complete(
+        self,
+        messages: Sequence[Message],
+        kv_key: str | None = None,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> ReplyStream:
+        """Answer the last user message of a conversation the caller keeps (LangChain's way, or
+        an OpenAI-style request), through the same steps as a session's turn but recording nothing.
+
+        The answer cache's scope takes the conversation's own system message as the bot; the
+        model runs on the token tier's entry `kv_key`, by default keyed by the conversation's
+        start (`conversation_key`), so the next call, which repeats these messages plus a turn,
+        prefills only the new tail. Without a system message the engine's system prompt is put
+        first. A conversation that does not fit the context window is refused, not cut: the
+        caller owns its history.
+
+        Raises:
+            InvalidMessageError: no messages, an unknown role, text no database can store, a
+                last message that is not the user's or is empty (at once), or a conversation
+                that does not fit the context window (when iteration starts).
+        """
+        params = _generation(max_new_tokens, temperature, top_p, stop, seed)
+        given = self._given(messages)
+        system = given[0] if given[0].role == "system" else None
+        conversation = Conversation(kv_key or conversation_key(given), system, turns=given[1 if system else 0 : -1])
+        turn = Turn(
+            conversation.id, given[-1].content, params, time.perf_counter(), given[-1], kv_key=conversation.id, given=True,
+            prefix=self.renderer.system_ids(system.content) if system else [],
+            bot=bot_fingerprint(system.content if system else None),
+        )  # fmt: skip
+        holder: list[Reply] = []
+        pieces = self._counted(self._run_given(conversation, turn, holder))
+        return ReplyStream(pieces, lambda: holder[0] if holder else None)
+
+    def _given(self, messages: Sequence[Message]) -> list[Message]:
+        """The caller's conversation, checked, with the engine's system prompt first if it has none,
+        and our own earlier replies in it carrying the ids they were generated as."""
+        if not messages:
+            raise InvalidMessageError("No messages: send at least one user message.")
+        for message in messages:
+            if message.role not in ROLES:
+                raise InvalidMessageError(f"Unknown role {message.role!r}: use one of {', '.join(ROLES)}.")
+            check_storable(message.content, f"A {message.role} message")  # the tokenizer and the answer cache would fail on it later
+        if messages[-1].role != "user":
+            raise InvalidMessageError(f"The last message must be the user's, not the {messages[-1].role}'s.")
+        if not messages[-1].content.strip():
+            raise InvalidMessageError("The message is empty: type something to send.")
+        given = [self._reply_ids.attach(m) for m in messages]
+        if given[0].role != "system" and self.system_prompt:
+            given.insert(0, Message("system", self.system_prompt))
+        return given
 
     def _counted(self, pieces: Generator[str, None, None]) -> Generator[str, None, None]:
         """Mark the engine busy while a user turn runs: prefetch waits, and stops mid-answer."""
@@ -326,7 +409,7 @@ class ChatEngine:
         self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]
     ) -> Generator[str, None, None]:
         """One turn, through its steps in order: receive, understand, serve, commit."""
-        turn = Turn(session_id, text, params, time.perf_counter(), Message("user", text))
+        turn = Turn(session_id, text, params, time.perf_counter(), Message("user", text), kv_key=session_id)
         # Checked before the session is opened, so a refused first message creates nothing; a
         # new session's system message is the bot's prompt alone (it has no facts yet).
         bare_system = Message("system", self.system_prompt) if self.system_prompt else None
@@ -354,6 +437,22 @@ class ChatEngine:
             if turn.committed:
                 holder.append(self._reply_of(turn))
 
+    def _run_given(self, conversation: Conversation, turn: Turn, holder: list[Reply]) -> Generator[str, None, None]:
+        """A turn on a conversation the caller keeps: understand and serve, with nothing to record."""
+        self.resident.touch(turn.kv_key)  # its KV and heat are let go of like an idle session's
+        with self._key_locks.get(turn.kv_key):
+            self._understand(conversation, turn)
+            try:
+                yield from self._serve(conversation, turn)
+            except GeneratorExit:
+                pass  # the reader stopped: the model's reply keeps what was generated
+        reply = turn.reply
+        if reply is None:
+            return
+        if reply.generated_ids and turn.stats.finish_reason != "stop":  # a reply cut at a stop string is not its ids' text
+            self._reply_ids.remember(reply.content, reply.generated_ids)
+        holder.append(self._reply_of(turn))
+
     def _receive(self, conversation: Conversation, turn: Turn) -> None:
         """Record the user's message before anything can fail (the turn's first write)."""
         tokens = len(self.renderer.encode_text(turn.text))
@@ -362,11 +461,11 @@ class ChatEngine:
     def _understand(self, conversation: Conversation, turn: Turn) -> None:
         """The dialogue layer and drift detection read the turn; the answer cache's scope follows."""
         turn_id = f"{turn.session_id}:{turn.user_seq}"
-        if self.coordinator is not None:
+        if self.coordinator is not None and not turn.given:  # the dialogue state lives in a session
             turn.context = self.coordinator.before_reply(conversation, turn.text, turn_id)
         turn.stats.drift = turn.context.drift
         if self.answers is not None:
-            turn.scope = self.answers.scope(conversation, turn.context, turn.text)
+            turn.scope = self.answers.scope(conversation, turn.context, turn.text, bot=turn.bot)
 
     def _serve(self, conversation: Conversation, turn: Turn) -> Generator[str, None, None]:
         """The reply: the flow's own question, a cached answer, or the model on the session's KV."""
@@ -388,14 +487,12 @@ class ChatEngine:
             prompt, stats.dropped_turns = self._plan(conversation, turn)
             generated: list[Message] = []
             try:
-                yield from self.runner.stream(turn.session_id, prompt, params, stats, turn.started, generated)
+                yield from self.runner.stream(turn.kv_key, prompt, params, stats, turn.started, generated, turn.prefix)
             finally:  # also when the reader stopped: the runner kept what was generated
                 if generated:
                     turn.reply = generated[0]
-            if not generated:
-                return
-            if self.answers is not None and turn.scope is not None:
-                self.answers.store(turn.text, turn.reply, turn.scope, turn.context, stats, params, turn.started)
+            if self.answers is not None and turn.scope is not None and generated:
+                self.answers.store(turn.text, generated[0], turn.scope, turn.context, stats, params, turn.started)
 
     def _commit(self, conversation: Conversation, turn: Turn) -> None:
         """Store the reply and everything the turn changed, in one write; then the in-memory follow-ups."""
@@ -445,7 +542,17 @@ class ChatEngine:
             )
 
     def _plan(self, conversation: Conversation, turn: Turn) -> tuple[list[int], int]:
-        return self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens)
+        """The prompt's ids and how many turns are out of it: a session's turns that fit, or the
+        given conversation whole."""
+        if not turn.given:
+            return self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens)
+        prompt = self.renderer.conversation_ids([*conversation.window(), turn.user], RenderedSegments())
+        if len(prompt) + turn.params.max_new_tokens > self.context_window:
+            raise InvalidMessageError(
+                f"The conversation is {len(prompt)} tokens; with {turn.params.max_new_tokens} reply tokens it exceeds "
+                f"the context window of {self.context_window}. Send fewer or shorter messages, or lower max_new_tokens."
+            )
+        return prompt, 0
 
     def _layout_prompt(self, conversation: Conversation, user: Message, max_new_tokens: int) -> tuple[list[int], int]:
         """Prompt ids for the conversation plus `user`, dropping the oldest whole turns that do not fit.

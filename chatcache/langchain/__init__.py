@@ -5,7 +5,6 @@
     SemanticCache       a `BaseCache` for `set_llm_cache`, on the answer cache (any LangChain model)
     CacheStatsHandler   a callback handler recording which tier served each call
     SessionChatHistory  a `BaseChatMessageHistory` in the session tier's database
-    complete            answer a whole message list on an engine (the message-list path)
 
 A chain that keeps its history in chatcache's database:
 
@@ -35,7 +34,6 @@ This package needs `langchain-core`; the rest of chatcache does not import it.
 
 from .callbacks import CacheStatsHandler, CacheSummary, CallStats
 from .chat_model import CachedChatModel
-from .complete import complete, conversation_key
 from .history import SessionChatHistory
 from .semantic_cache import SemanticCache
 
@@ -46,6 +44,4 @@ __all__ = [
     "CallStats",
     "SemanticCache",
     "SessionChatHistory",
-    "complete",
-    "conversation_key",
 ]

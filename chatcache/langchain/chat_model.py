@@ -2,7 +2,7 @@
 
 Two ways a call is served:
   * the message-list path (default): the whole list LangChain sends is the conversation;
-    `complete` renders it and the token tier reuses the KV of the prefix an earlier call
+    `ChatEngine.complete` renders it and the token tier reuses the KV of the prefix an earlier call
     already computed, so only the new tail is prefilled;
   * the session path: with `config={"configurable": {"session_id": ...}}` and one new human
     message (system messages aside), the engine's own session keeps the history
@@ -31,7 +31,6 @@ from pydantic import ConfigDict, Field, model_validator
 
 from ..engine import ChatEngine
 from ..reply import Reply, ReplyStream
-from .complete import complete
 from .messages import to_chatcache
 
 _NO_TOOLS = (
@@ -211,7 +210,7 @@ class CachedChatModel(BaseChatModel):
                 )
             return engine.stream(str(session_id), turns[0].content, **generation)
         kv_key = f"lc-session:{session_id}" if session_id else None
-        return complete(engine, conversation, kv_key=kv_key, **generation)
+        return engine.complete(conversation, kv_key=kv_key, **generation)
 
     def _report(self, reply: Reply | None) -> tuple[UsageMetadata, dict[str, Any]]:
         """LangChain's usage metadata and our cache report (read by `CacheStatsHandler`)."""

@@ -17,6 +17,8 @@ tokens come out as special ids.
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -124,3 +126,32 @@ class PromptRenderer:
         for index in range(len(memo.ids), len(messages)):
             memo.ids.append(self.segment(messages[:index], messages[index]))
         return [token for segment in memo.ids for token in segment]
+
+
+class ReplyIds:
+    """The token ids of recent replies, by their text (bounded, least recently used out).
+
+    A caller that keeps the conversation itself (LangChain, an OpenAI-style request) sends our
+    replies back as text; attached here, each renders to the ids its KV was computed for, not
+    to a re-tokenisation of its text that might differ.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._capacity = capacity
+        self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, text: str, ids: Sequence[int]) -> None:
+        with self._lock:
+            self._ids[text] = tuple(ids)
+            self._ids.move_to_end(text)
+            while len(self._ids) > self._capacity:
+                self._ids.popitem(last=False)
+
+    def attach(self, message: Message) -> Message:
+        """`message` with the ids it was generated as, when it is one of our replies."""
+        if message.role != "assistant" or message.generated_ids is not None:
+            return message
+        with self._lock:
+            ids = self._ids.get(message.content)
+        return Message("assistant", message.content, ids) if ids is not None else message

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,3 +110,25 @@ class ResidentSessions:
     def __len__(self) -> int:
         with self._lock:
             return len(self._used)
+
+
+class KeyLocks:
+    """One lock per token-tier key: a key's turns must not overlap (the token tier's rule).
+
+    A lock lives while a turn holds it or waits for it, then goes: conversations come and go,
+    and their locks must not pile up.
+    """
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
+        self._guard = threading.Lock()
+
+    def get(self, key: str) -> threading.Lock:
+        with self._guard:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.Lock()
+            return lock
+
+    def __len__(self) -> int:
+        return len(self._locks)

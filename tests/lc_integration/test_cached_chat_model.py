@@ -135,12 +135,10 @@ def test_many_conversations_keep_the_engines_memory_within_its_bound(tiny_model,
     """Each LangChain conversation has its own token-tier key: past the engine's memory bound the
     least recently used ones are let go of (KV and heat), and no per-key lock outlives its turn."""
     from chatcache import MemoryConfig
-    from chatcache.langchain.complete import _state
 
     engine = make_engine(tiny_model, memory=MemoryConfig(max_sessions_in_memory=5))
     model = CachedChatModel(engine=engine, max_tokens=2)
     for index in range(20):
         model.invoke([SystemMessage(SYSTEM), HumanMessage(f"conversation {index}")])
         assert len(engine.token_tier._heat) <= 5  # noqa: SLF001 - the structure that used to grow
-    _, key_locks = _state(engine)
-    assert len(key_locks._locks) == 0  # noqa: SLF001
+    assert len(engine._key_locks) == 0  # noqa: SLF001

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import statistics
-import time
 from contextlib import closing
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -69,18 +67,16 @@ def test_hot_queries_use_an_index(tmp_path: Path, query: str, index: str) -> Non
     assert index in plan
 
 
-def test_a_turn_takes_a_few_milliseconds_among_ten_thousand_sessions(
+def test_a_turns_reads_and_writes_find_their_session_among_ten_thousand(
     big_store: SessionStore,
 ) -> None:
-    timings = []
+    """What a turn reads and writes with many sessions stored; how fast is `bench.session_tiers`'
+    business (a timed assertion here would only measure how busy the machine is)."""
     for turn in range(30):
-        started = time.perf_counter()
         session = big_store.get_session("s5000")
         big_store.append_message(session.id, "user", f"turn {turn}", 3)
         history = big_store.messages(session.id, limit=20)
-        timings.append(time.perf_counter() - started)
     big_store.close()
 
-    assert history[-1].content == "turn 29"
-    # Generous for slow CI machines; a full scan of 200k messages takes far longer.
-    assert statistics.median(timings) < 0.02, timings
+    assert [m.content for m in history[-2:]] == ["turn 28", "turn 29"]
+    assert len(history) == 20 and history[-1].seq == MESSAGES_EACH + 30

@@ -1,0 +1,156 @@
+"""Where one stream's decode step goes, and what the weight kernels torch offers here can do about it.
+
+The bundled model decodes one token per step, reading every weight once: 135M parameters,
+540 MB in fp32. This measures, on the machine it runs on:
+  * one decode step of the bundled model (one stream, contexts of 200 and 1,000 tokens) and
+    its profile by operator (share of the weight matmuls, attention, the rest);
+  * the memory bandwidth a plain copy reaches, and so the step time the fp32 weights alone
+    cost at that bandwidth (the floor for fp32, whatever the kernels);
+  * the weight-only kernels that would read fewer bytes, on the model's own shapes with one
+    row of activations: bf16, int8 (`_weight_int8pack_mm`) and 4-bit groups of 32
+    (`_weight_int4pack_mm_for_cpu`, the layout of the GGUF's Q4_1), each against fp32.
+
+    python -m bench.decode_profile [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import DynamicCache
+
+from chatcache import load_chat_model
+
+from .common import BenchRun, bench_arguments
+
+GROUP = 32  # the GGUF's Q4_1 block
+
+
+def per_call_ms(call: Callable[[], object], repeats: int) -> float:
+    for _ in range(3):
+        call()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - started) / repeats * 1000
+
+
+def decode_step(model: Any, context: int, repeats: int) -> tuple[float, Callable[[], object]]:
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.randint(100, 1000, (1, context)), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    token = torch.tensor([[100]])
+
+    def step() -> object:
+        with torch.no_grad():
+            output = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.crop(context)  # every step sees the same context length
+        return output
+
+    return per_call_ms(step, repeats), step
+
+
+def operator_shares(step: Callable[[], object], steps: int) -> dict[str, float]:
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            step()
+    totals: dict[str, float] = {}
+    for event in profiler.key_averages():
+        totals[event.key] = totals.get(event.key, 0.0) + event.self_cpu_time_total
+    whole = sum(totals.values())
+    matmul = sum(v for k, v in totals.items() if k in ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::bmm"))
+    attention = sum(v for k, v in totals.items() if "scaled_dot_product" in k)
+    return {
+        "weight_matmuls": round(matmul / whole, 3),
+        "attention": round(attention / whole, 3),
+        "everything_else": round(1 - (matmul + attention) / whole, 3),
+        "top_operators": {k: round(v / whole, 3) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:8]},
+    }
+
+
+def copy_bandwidth_gb_s(megabytes: int = 512) -> float:
+    source = torch.empty(megabytes * 2**20 // 4)
+    target = torch.empty_like(source)
+    seconds = per_call_ms(lambda: target.copy_(source), 5) / 1000
+    return 2 * source.numel() * 4 / seconds / 1e9  # read and write
+
+
+def int4_operands(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Groups of 32 along the input, w = (q - 8) * scale + zero: the GGUF's Q4_1 grid exactly."""
+    rows, columns = weight.shape
+    groups = weight.reshape(rows, columns // GROUP, GROUP)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(rows, columns)
+    scales_zeros = torch.stack([scale.reshape(rows, -1).t(), (low + 8 * scale).reshape(rows, -1).t()], -1).contiguous()
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1), scales_zeros
+
+
+def weight_kernels(model: Any, repeats: int) -> list[dict[str, Any]]:
+    """Each distinct linear shape of one layer, one row of activations: fp32 against the weight-only kernels."""
+    layer = model.model.layers[0]
+    shapes = {
+        "q/o (576x576)": layer.self_attn.q_proj.weight,
+        "k/v (192x576)": layer.self_attn.k_proj.weight,
+        "gate/up (1536x576)": layer.mlp.gate_proj.weight,
+        "down (576x1536)": layer.mlp.down_proj.weight,
+    }
+    rows = []
+    for name, weight in shapes.items():
+        weight = weight.detach().float().contiguous()
+        x = torch.randn(1, weight.shape[1])
+        bf16, xb = weight.to(torch.bfloat16), x.to(torch.bfloat16)
+        scales = weight.abs().amax(1) / 127
+        int8 = (weight / scales[:, None]).round().to(torch.int8)
+        packed, scales_zeros = int4_operands(weight)
+        fp32_ms = per_call_ms(lambda: torch.nn.functional.linear(x, weight), repeats)
+        timings = {
+            "bf16": per_call_ms(lambda: torch.nn.functional.linear(xb, bf16), repeats),
+            "int8": per_call_ms(lambda: torch.ops.aten._weight_int8pack_mm(x, int8, scales), repeats),
+            "int4_group32": per_call_ms(
+                lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_zeros), max(3, repeats // 10)
+            ),
+        }
+        rows.append({"shape": name, "fp32_us": round(fp32_ms * 1000, 1), **{f"{k}_speedup": round(fp32_ms / v, 3) for k, v in timings.items()}})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_arguments(parser)
+    args = parser.parse_args()
+    repeats = 10 if args.quick else 40
+    run = BenchRun("decode_profile", args, minutes=(3, 1))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = load_chat_model("bundled", device="cpu").model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    steps = {}
+    for context in (200, 1000):
+        steps[context], step = decode_step(model, context, repeats)
+    run.section("decode_step_ms", {str(k): round(v, 1) for k, v in steps.items()})
+    run.section("profile_at_200", operator_shares(decode_step(model, 200, 1)[1], repeats))
+    bandwidth = copy_bandwidth_gb_s()
+    floor_ms = weight_bytes / (bandwidth * 1e9) * 1000
+    run.section("bandwidth", {
+        "weight_bytes": weight_bytes,
+        "copy_gb_s": round(bandwidth, 1),
+        "fp32_weights_floor_ms": round(floor_ms, 1),
+        "step_to_floor_at_200": round(steps[200] / floor_ms, 2),
+    })  # fmt: skip
+    kernels = weight_kernels(model, repeats * 5)
+    run.section("weight_only_kernels", kernels)
+    run.finish(
+        single_stream_tokens_per_s=round(1000 / steps[200], 1),
+        best_weight_only_speedup=max(max(r[k] for k in r if k.endswith("_speedup")) for r in kernels),
+        torch_threads=torch.get_num_threads(),
+    )
+
+
+if __name__ == "__main__":
+    main()
