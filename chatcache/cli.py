@@ -8,6 +8,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used, so `chatcache --help` starts without torch
+    from chatcache import ChatEngine
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
 
@@ -58,13 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _engine_factory(args: argparse.Namespace, user_id: str = "local"):  # type: ignore[no-untyped-def]
+def _engine_factory(args: argparse.Namespace, user_id: str = "local") -> Callable[[str | None], ChatEngine]:
     """Engines for one model: the chat app builds a new one when the user switches bots."""
     from chatcache import ChatEngine, load_chat_model
 
     model = load_chat_model(args.model)
 
-    def build(bot: str | None):  # type: ignore[no-untyped-def]
+    def build(bot: str | None) -> ChatEngine:
         system = args.system or (None if bot else DEFAULT_SYSTEM_PROMPT)
         return ChatEngine(
             model,
@@ -79,7 +83,7 @@ def _engine_factory(args: argparse.Namespace, user_id: str = "local"):  # type: 
     return build
 
 
-def _build_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _build_engine(args: argparse.Namespace) -> ChatEngine:
     return _engine_factory(args)(args.bot)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # no stubs in the environment
+import yaml
 from pydantic import ValidationError
 
 from .definition import BotDefinition, Loc, reference_errors

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
@@ -25,6 +25,7 @@ from textual.widgets import Footer, Header, Input, OptionList
 
 from chatcache import ChatEngine, Reply, ReplyStream, StorageError
 from dialog import shipped_bots
+from storage import ChatSession
 
 from .export import default_export_dir, export_session
 from .screens import AskScreen, ConfirmScreen, HelpScreen, RenameScreen
@@ -125,7 +126,7 @@ class ChatApp(App[int]):
 
     # -- sessions -----------------------------------------------------------------------
 
-    def _sessions(self) -> list:  # type: ignore[type-arg]
+    def _sessions(self) -> list[ChatSession]:
         """The session tier's sessions of the current bot (others cannot be continued here)."""
         bot = self.engine.conversations.bot
         return [s for s in self.engine.sessions() if s.bot == bot]
@@ -253,6 +254,12 @@ class ChatApp(App[int]):
         self.refresh_bindings()
         self._generate(stream, view)
 
+    def _await_from_thread(self, callback: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run a coroutine method on the UI from a worker thread, and wait until it is done."""
+        # textual types the callback as `T | Awaitable[T]`, from which mypy infers T = Never for
+        # a coroutine function: the call is right, the annotation cannot express it.
+        self.call_from_thread(callback, *args)  # type: ignore[arg-type]
+
     @work(thread=True, exclusive=True, group="turn", exit_on_error=False)
     def _generate(self, stream: ReplyStream, view: ChatMessage) -> None:
         error: BaseException | None = None
@@ -264,19 +271,19 @@ class ChatApp(App[int]):
                 # call_from_thread waits for the UI: hand over at most every FLUSH_S so a
                 # fast model is not slowed down to the speed of rendering Markdown.
                 if time.monotonic() - flushed >= FLUSH_S or self._cancel.is_set():
-                    self.call_from_thread(view.add_piece, "".join(pending))
+                    self._await_from_thread(view.add_piece, "".join(pending))
                     pending.clear()
                     flushed = time.monotonic()
                 if self._cancel.is_set():
                     break
             if pending:
-                self.call_from_thread(view.add_piece, "".join(pending))
+                self._await_from_thread(view.add_piece, "".join(pending))
         except Exception as exc:  # the engine's or the UI's (the app has exited): the turn failed
             error = exc
         finally:
             stream.close()  # after a break this cancels the turn; otherwise it does nothing
         try:
-            self.call_from_thread(self._end_turn, view, stream.reply, error)
+            self._await_from_thread(self._end_turn, view, stream.reply, error)
         except RuntimeError:
             pass  # the app has already exited
         finally:
@@ -369,7 +376,7 @@ class ChatApp(App[int]):
         except Exception as exc:
             self.call_from_thread(self.notify, str(exc), title="Bot not switched", severity="error")
             return
-        self.call_from_thread(self._use_engine, engine, bot)
+        self._await_from_thread(self._use_engine, engine, bot)
 
     async def _use_engine(self, engine: ChatEngine, bot: str | None) -> None:
         old, self.engine, self.bot = self.engine, engine, bot
@@ -392,7 +399,7 @@ class ChatApp(App[int]):
         keys += [("Ctrl+P", "Command palette"), ("Ctrl+Q", "Quit")]
         self.push_screen(HelpScreen(keys))
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("New session", "Start a new conversation", self.action_new_session)
         yield SystemCommand("Rename session", "Give the open session a title", self.action_rename_session)

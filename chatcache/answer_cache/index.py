@@ -67,8 +67,9 @@ class VectorIndex:
         self._position = {entry_id: p for p, entry_id in enumerate(self._ids)}
         self._dead = set()
         if len(self._ids) >= self.hnsw_from:
-            index: faiss.Index = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-            index.hnsw.efSearch = 64
+            graph = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            graph.hnsw.efSearch = 64
+            index: faiss.Index = graph
         else:
             index = faiss.IndexFlatIP(self.dim)
         if len(self._ids):

@@ -60,7 +60,8 @@ class LfuPlus:
 
     def decayed(self, heat: Heat, now: float) -> float:
         periods = max(0.0, now - heat.last_used) / self.period_s
-        return heat.frequency * decay_factor(heat.latency_ms) ** periods
+        decay: float = decay_factor(heat.latency_ms) ** periods  # typeshed: float ** float may be complex
+        return heat.frequency * decay
 
     def touch(self, heat: Heat, now: float, latency_ms: float | None = None) -> None:
         """Record one use: decay what was there, then count this access."""

@@ -118,7 +118,12 @@ class Prefetcher:
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
         """Block until the queue is drained (for tests and benchmarks)."""
         done = threading.Event()
-        threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
+
+        def drain() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=drain, daemon=True).start()
         return done.wait(timeout_s)
 
     def close(self) -> None:

@@ -105,7 +105,7 @@ def _shared_share(a: list[str], b: list[str]) -> float:
 
 def _inverted(a: list[str], b: list[str]) -> bool:
     """Whether two words both texts share come in the opposite order in `b`."""
-    first = {}
+    first: dict[str, int] = {}
     for i, w in enumerate(a):
         first.setdefault(w, i)
     order = [first[w] for w in dict.fromkeys(b) if w in first]

@@ -215,7 +215,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2:
         return x.reshape(0, 0)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    unit: np.ndarray = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return unit
 
 
 def _bundled_embed(texts: list[str]) -> np.ndarray:

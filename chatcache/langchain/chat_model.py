@@ -120,7 +120,8 @@ class CachedChatModel(BaseChatModel):
         return params
 
     def get_token_ids(self, text: str) -> list[int]:
-        return self.engine.renderer.encode_text(text)
+        engine: ChatEngine = self.engine
+        return engine.renderer.encode_text(text)
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: str | None = None, **kwargs: Any) -> Any:
         """Not supported: raises NotImplementedError."""

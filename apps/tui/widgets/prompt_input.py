@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.binding import Binding
 from textual.widgets import Input
 
@@ -17,8 +19,8 @@ class PromptInput(Input):
         Binding("down", "history_next", "Next message", show=False),
     ]
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:  # Input's keyword arguments
+        super().__init__(**kwargs)
         self.history: list[str] = []
         self._position: int | None = None  # index into history while walking it
         self._draft = ""
