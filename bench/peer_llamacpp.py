@@ -105,7 +105,7 @@ class LlamaCppPeer:
                 first = time.perf_counter()
             pieces.append(chunk["choices"][0]["text"])
         done = time.perf_counter()
-        return "".join(pieces), peer_protocol.Turn(ttft_s=first - sent, total_s=done - sent, generated_tokens=sampled[0])
+        return "".join(pieces), peer_protocol.Turn(first - sent, done - sent, sampled[0], len(prompt))
 
     def run_job(self, job: dict[str, Any]) -> dict[str, Any]:
         turns: list[peer_protocol.Turn] = []

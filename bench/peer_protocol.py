@@ -26,6 +26,8 @@ class Turn:
     ttft_s: float
     total_s: float
     generated_tokens: int
+    prompt_tokens: int
+    cached_tokens: int | None = None  # prompt tokens the peer's prefix cache served, where it says
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -42,6 +44,8 @@ def figures(conversations: int, turns: list[Turn], wall_s: float) -> dict[str, A
     """The job's figures, keyed as bench.concurrency's `converse` keys them."""
     tokens = sum(t.generated_tokens for t in turns)
     per_token = [(t.total_s - t.ttft_s) / (t.generated_tokens - 1) for t in turns if t.generated_tokens > 1]
+    prompt_tokens = sum(t.prompt_tokens for t in turns)
+    cached = [t.cached_tokens for t in turns if t.cached_tokens is not None]
     return {
         "conversations": conversations,
         "turns": len(turns),
@@ -52,6 +56,8 @@ def figures(conversations: int, turns: list[Turn], wall_s: float) -> dict[str, A
         "ttft_p50_ms": round(percentile([t.ttft_s * 1000 for t in turns], 50), 1),
         "ttft_p99_ms": round(percentile([t.ttft_s * 1000 for t in turns], 99), 1),
         "time_per_output_token_p50_ms": round(percentile(per_token, 50) * 1000, 1),
+        "prompt_tokens_mean": round(prompt_tokens / len(turns)) if turns else 0,
+        "prompt_share_cached": round(sum(cached) / prompt_tokens, 3) if cached and prompt_tokens else None,
     }
 
 

@@ -25,11 +25,13 @@ from typing import Any
 
 import peer_protocol
 
-# On 2 cores vLLM's "auto" binding keeps one core for its scheduler process and runs the
-# model on the other; binding both to the model is faster here (measured, see bench/README.md).
+# Threads: vLLM's own "auto" binding, which on 2 cores runs the model on one OpenMP thread and
+# keeps the other core for its engine process (it polls). Binding both cores to the model
+# ("0-1") shares them with that process and, like any spinning OpenMP pool on a busy machine,
+# collapses when anything else runs (see bench/README.md).
 DEFAULTS = {
     "VLLM_CPU_KVCACHE_SPACE": "2",
-    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_OMP_THREADS_BIND": "auto",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
@@ -86,15 +88,17 @@ class VllmPeer:
         _, (prompt,) = await self.engine.renderer.render_chat_async([messages], chat)
         params = self.sampling(temperature=0.0, max_tokens=max_new_tokens, output_kind=RequestOutputKind.DELTA)
         pieces: list[str] = []
-        tokens, first = 0, 0.0
+        tokens, first, cached = 0, 0.0, None
         async for output in self.engine.generate(prompt, params, request_id=str(next(self.request_ids))):
             completion = output.outputs[0]
             if completion.token_ids and not tokens:
                 first = time.perf_counter()
             tokens += len(completion.token_ids)
             pieces.append(completion.text)
+            cached = output.num_cached_tokens if output.num_cached_tokens is not None else cached
         done = time.perf_counter()
-        return "".join(pieces), peer_protocol.Turn(ttft_s=first - sent, total_s=done - sent, generated_tokens=tokens)
+        turn = peer_protocol.Turn(first - sent, done - sent, tokens, len(prompt["prompt_token_ids"]), cached)
+        return "".join(pieces), turn
 
     def close(self) -> None:
         self.engine.shutdown()
