@@ -197,7 +197,11 @@ class PeerProcess:
             self._paused = False
 
     def close(self) -> None:
-        """Ask the driver to exit (end of its stdin); stop it if it does not within a minute."""
+        """Ask the driver to exit (end of its stdin), then end what is left of its process group.
+
+        Waits a minute for the driver; vLLM's engine processes outlive a driver that dies
+        without shutting them down, so the group is killed either way.
+        """
         self._resume()
         if self._process.poll() is None:
             assert self._process.stdin is not None
@@ -205,8 +209,12 @@ class PeerProcess:
                 self._process.stdin.close()
                 self._process.wait(timeout=60)
             except (BrokenPipeError, subprocess.TimeoutExpired):
-                self._process.kill()
-                self._process.wait()
+                pass
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group has already ended, as it should
+        self._process.wait()
         self._log.close()
 
     def __enter__(self) -> PeerProcess:
