@@ -13,7 +13,8 @@ KV between turns: `Llama` keeps the KV of its last evaluation and re-evaluates o
 longest common prefix (the system prompt, when the previous turn was another conversation's);
 with the RAM prompt cache on (the default here) it also saves the state after every reply and
 restores the saved state with the longest common prefix, so a conversation resumes from its
-own last turn.
+own last turn. Each job starts with every cache dropped and the system prompt evaluated once
+(a 4-token warm-up turn).
 
     .venv-peers/llamacpp/bin/python bench/peer_llamacpp.py --model <file.gguf>   (jobs on stdin)
 """
@@ -107,7 +108,24 @@ class LlamaCppPeer:
         done = time.perf_counter()
         return "".join(pieces), peer_protocol.Turn(first - sent, done - sent, sampled[0], len(prompt))
 
+    def _ask(self, messages: list[dict[str, str]], max_new_tokens: int) -> tuple[str, peer_protocol.Turn]:
+        result: Future[tuple[str, peer_protocol.Turn]] = Future()
+        self.requests.put((list(messages), max_new_tokens, time.perf_counter(), result))
+        return result.result()
+
+    def _forget(self) -> None:
+        """Drop every cached state, so that a job starts from nothing an earlier job left."""
+        from llama_cpp import LlamaRAMCache
+
+        self.llm.reset()
+        if self.settings["ram_cache_bytes"]:
+            self.llm.set_cache(LlamaRAMCache(capacity_bytes=self.settings["ram_cache_bytes"]))
+
     def run_job(self, job: dict[str, Any]) -> dict[str, Any]:
+        # Each job starts with only the system prompt evaluated, as chatcache's new sessions at
+        # each N do: no earlier job's conversations (the N=8 job repeats the N=1 job's first one).
+        self._forget()
+        self._ask([{"role": "system", "content": job["system_prompt"]}, {"role": "user", "content": "Hello"}], 4)
         turns: list[peer_protocol.Turn] = []
         lock = threading.Lock()
 
@@ -115,9 +133,7 @@ class LlamaCppPeer:
             messages = [{"role": "system", "content": job["system_prompt"]}]
             for text in user_turns:
                 messages.append({"role": "user", "content": text})
-                result: Future[Any] = Future()
-                self.requests.put((list(messages), job["max_new_tokens"], time.perf_counter(), result))
-                reply, turn = result.result()
+                reply, turn = self._ask(messages, job["max_new_tokens"])
                 messages.append({"role": "assistant", "content": reply})
                 with lock:
                     turns.append(turn)

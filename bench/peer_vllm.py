@@ -5,7 +5,8 @@ Runs in `.venv-peers/vllm` (see bench/peers.py), stdlib and vllm only. Loads the
 conversations at once, each a closed loop that sends its next user turn when its reply ends,
 its history (system, user, assistant, ...) rendered by the model's chat template every turn as
 vLLM's chat API does; greedy, stopping at end of turn or `max_new_tokens`. vLLM batches the
-requests that are in flight and reuses the KV of the prefix blocks it has seen.
+requests that are in flight and reuses the KV of the prefix blocks it has seen; each job starts
+with its prefix cache emptied and the system prompt run once (a 4-token warm-up turn).
 
     .venv-peers/vllm/bin/python bench/peer_vllm.py --model <safetensors dir>   (jobs on stdin)
 
@@ -64,6 +65,10 @@ class VllmPeer:
         return self.loop.run_until_complete(self._run(job))
 
     async def _run(self, job: dict[str, Any]) -> dict[str, Any]:
+        # Each job starts with only the system prompt cached, as chatcache's new sessions at each
+        # N do: no earlier job's conversations (the N=8 job repeats the N=1 job's first one).
+        await self.engine.reset_prefix_cache()
+        await self._reply([{"role": "system", "content": job["system_prompt"]}, {"role": "user", "content": "Hello"}], 4)
         turns: list[peer_protocol.Turn] = []
 
         async def converse(user_turns: list[str]) -> None:
