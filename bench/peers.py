@@ -84,7 +84,8 @@ class PeerProcess:
         name: "vllm" or "llamacpp".
         model: what the driver loads (see `peer_models`).
         log_path: where the driver's stderr goes (default `bench/out/peer_<name>.log`).
-        venvs: where the peers' virtualenvs are.
+        python: the interpreter to run it with (default: the peer's venv under `.venv-peers`).
+        driver: the driver script (default `bench/peer_<name>.py`).
         env: extra environment for the driver (e.g. VLLM_CPU_KVCACHE_SPACE).
         options: extra command-line options for the driver (e.g. ["--threads", "1"] for llama.cpp).
         pause_between_jobs: stop the peer's processes while it has no job (see the module docstring).
@@ -96,20 +97,21 @@ class PeerProcess:
         name: str,
         model: str,
         log_path: Path | None = None,
-        venvs: Path = VENVS,
+        python: Path | None = None,
+        driver: Path | None = None,
         env: dict[str, str] | None = None,
         options: Sequence[str] = (),
         pause_between_jobs: bool = True,
         load_timeout_s: float = LOAD_TIMEOUT_S,
     ) -> None:
-        reason = unavailable(name, venvs)
-        if reason:
-            raise PeerError(reason)
+        python = python or peer_python(name)
+        if not python.is_file():
+            raise PeerError(f"{python} not found: run `make peers` to build the peers' virtualenvs")
         self.name = name
         self.log_path = log_path or BENCH_DIR / "out" / f"peer_{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
-        command = [str(peer_python(name, venvs)), str(BENCH_DIR / f"peer_{name}.py"), "--model", model, *options]
+        command = [str(python), str(driver or BENCH_DIR / f"peer_{name}.py"), "--model", model, *options]
         # Its own process group (the driver and the processes it starts), in our session: if
         # this process dies while the group is stopped, the kernel hangs it up and continues it.
         group: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
