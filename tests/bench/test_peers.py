@@ -77,7 +77,6 @@ def test_a_missing_venv_says_to_run_make_peers(tmp_path: Path) -> None:
 
 
 def test_start_peers_records_why_a_peer_did_not_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bench.peers.VENVS", tmp_path)
     monkeypatch.setattr("bench.peers.unavailable", lambda name: f"{name}: run `make peers`")
 
     class Tokenizer:
