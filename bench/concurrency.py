@@ -8,9 +8,11 @@ each: aggregate generated tokens/s, turns/s, TTFT p50/p99, time per output token
 token tier's resident KV against its budget. A PNG plots throughput and TTFT against N.
 
 (c) The limit: the raw batched forward of the same turn shapes with no engine around it
-(`raw_forward_limit`), after each N.
-
-Not here yet (issue 11): vLLM-CPU and llama.cpp beside it.
+(`raw_forward_limit`), after each N. (d) The peers a user would pick instead, each in its own
+virtualenv (`make peers`; `bench/peers.py`), on the same weights and turns, right after each N:
+vLLM's CPU build (fp32, prefix caching) on the converted safetensors, and llama.cpp
+(llama-cpp-python, one conversation's turn at a time) on the bundled Q4_1 GGUF. A peer that is
+not installed is named in the JSON with the reason, and the rest runs.
 
     python -m bench.concurrency [--data ../shared/data] [--quick] [--max-new-tokens 64] [--turns 8]
 """
@@ -33,12 +35,14 @@ from transformers import DynamicCache
 from chatcache import ChatEngine, Reply, TokenTierConfig, load_chat_model
 
 from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_user_turns
+from .peers import start_peers
 
 
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else 0.0
 
 
+PEER_LABELS = {"vllm": "vLLM-CPU (fp32, prefix caching)", "llamacpp": "llama.cpp (Q4_1 GGUF, one at a time)"}
 Shape = tuple[int, int, int]  # one turn: tokens reused from the KV, tokens prefilled, tokens generated
 
 
@@ -124,7 +128,13 @@ def raw_forward_limit(model: Any, rounds: list[list[Shape]]) -> dict[str, Any]:
     return {"generated_tokens": tokens, "timed_s": round(timed, 2), "tokens_per_s": round(tokens / timed, 2)}
 
 
-def plot(rows: list[dict[str, Any]], limits: list[dict[str, Any]], alone: dict[str, Any], path: Path) -> None:
+def plot(
+    rows: list[dict[str, Any]],
+    limits: list[dict[str, Any]],
+    by_peer: dict[str, list[dict[str, Any]]],
+    alone: dict[str, Any],
+    path: Path,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,6 +144,9 @@ def plot(rows: list[dict[str, Any]], limits: list[dict[str, Any]], alone: dict[s
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(counts, [r["tokens_per_s"] for r in rows], "o-", label="chatcache scheduler")
     left.plot([r["conversations"] for r in limits], [r["tokens_per_s"] for r in limits], "k:", label="raw batched forward (limit)")
+    for name, results in by_peer.items():
+        left.plot([r["conversations"] for r in results], [r["tokens_per_s"] for r in results], "^--", label=PEER_LABELS[name])
+        right.plot([r["conversations"] for r in results], [r["ttft_p50_ms"] for r in results], "^--", label=f"{PEER_LABELS[name]} p50")
     left.axhline(alone["tokens_per_s"], color="grey", linestyle="--", label="one at a time")
     left.set_xlabel("conversations at once")
     left.set_ylabel("generated tokens/s, all conversations")
@@ -153,6 +166,7 @@ def main() -> None:
     bench_arguments(parser)
     parser.add_argument("--turns", type=int, default=None, help="user turns per conversation (default 8, quick 2)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default 64, quick 32)")
+    parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip vLLM-CPU and llama.cpp (`make peers`)")
     args = parser.parse_args()
     args.turns = args.turns or (2 if args.quick else 8)
     args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 64)
@@ -173,29 +187,44 @@ def main() -> None:
             "kv_budget_bytes": config.memory_budget_bytes,
         })  # fmt: skip
         engine.chat("warm-up", "Hello", max_new_tokens=4)
+        peers, missing = start_peers(chat_model.tokenizer, Path(args.out)) if args.peers else ({}, {"all": "--no-peers"})
+        run.section("peers_missing", missing)
         rows, limits = [], []
-        for count in counts:
-            row, rounds = converse(engine, dialogues[:count], f"n{count}", args.max_new_tokens, threads=True)
-            rows.append({**row, "peak_batch": engine.chat_model.scheduler.peak_running})
-            run.section("scheduler", rows)
-            limits.append({"conversations": count, **raw_forward_limit(chat_model.model, rounds)})
-            limits[-1]["scheduler_to_limit"] = round(row["tokens_per_s"] / limits[-1]["tokens_per_s"], 3)
-            run.section("raw_forward_limit", limits)
+        by_peer: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
+        try:
+            for count in counts:  # interleaved: chatcache, the limit, then each peer, at every N
+                row, rounds = converse(engine, dialogues[:count], f"n{count}", args.max_new_tokens, threads=True)
+                rows.append({**row, "peak_batch": engine.chat_model.scheduler.peak_running})
+                run.section("scheduler", rows)
+                limits.append({"conversations": count, **raw_forward_limit(chat_model.model, rounds)})
+                limits[-1]["scheduler_to_limit"] = round(row["tokens_per_s"] / limits[-1]["tokens_per_s"], 3)
+                run.section("raw_forward_limit", limits)
+                for name, peer in peers.items():
+                    by_peer[name].append(peer.run(system_prompt, dialogues[:count], max_new_tokens=args.max_new_tokens))
+                    run.section("peers", by_peer)
+        finally:
+            for peer in peers.values():
+                peer.close()
         alone, _ = converse(engine, dialogues[: max(counts)], "alone", args.max_new_tokens, threads=False)
         run.section("one_at_a_time", alone)
         engine.close()
     by_count = {r["conversations"]: r for r in rows}
     plot_path = Path(args.out) / "concurrency.png"
-    plot(rows, limits, alone, plot_path)
+    plot(rows, limits, by_peer, alone, plot_path)
     run.finish(
         plot=str(plot_path),
         speedup_at_8=round(by_count[8]["tokens_per_s"] / alone["tokens_per_s"], 2),
         ttft_p50_ratio_8_to_1=round(by_count[8]["ttft_p50_ms"] / by_count[1]["ttft_p50_ms"], 2),
         scheduler_to_limit_at_8=next(r["scheduler_to_limit"] for r in limits if r["conversations"] == 8),
+        **{
+            f"scheduler_to_{name}_at_8": round(by_count[8]["tokens_per_s"] / next(r["tokens_per_s"] for r in results if r["conversations"] == 8), 3)
+            for name, results in by_peer.items()
+        },
         targets={
             "speedup_at_8": ">= 3 (>= 4 under 600 tokens)",
             "ttft_p50_ratio_8_to_1": "<= 3",
             "scheduler_to_limit_at_8": ">= 0.85",
+            "scheduler_to_vllm_at_8": ">= 0.7",
         },
     )
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from chatcache.models import BUNDLED_CHAT_PACKAGE, BUNDLED_GGUF
+from chatcache.model.loading import BUNDLED_CHAT_PACKAGE, BUNDLED_GGUF
 
 BENCH_DIR = Path(__file__).resolve().parent
 VENVS = BENCH_DIR.parent / ".venv-peers"
