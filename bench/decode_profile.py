@@ -44,13 +44,13 @@ def per_call_ms(call: Callable[[], object], repeats: int) -> float:
 def decode_step(model: Any, context: int, repeats: int) -> tuple[float, Callable[[], object]]:
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=torch.randint(100, 1000, (1, context)), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=torch.randint(100, 1000, (1, context)), cache=cache, use_cache=True, logits_to_keep=1)
     token = torch.tensor([[100]])
 
     def step() -> object:
         with torch.no_grad():
-            output = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache.crop(context)  # every step sees the same context length
+            output = model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
+        cache.crop(-1)  # every step sees the same context length
         return output
 
     return per_call_ms(step, repeats), step
