@@ -127,8 +127,8 @@ def test_engines_on_one_model_share_its_worker(tiny_model, own_model, make_engin
 
 
 def test_prompts_prefilled_in_chunks_across_steps_reply_as_alone(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    """A small per-step budget splits long prompts over several steps and packs short ones into
-    one step, beside running decodes; every reply still equals one decoded alone on a fresh cache."""
+    """A small chunk splits long prompts over several steps, beside running decodes; every reply
+    still equals one decoded alone on a fresh cache."""
     from transformers import DynamicCache
 
     from chatcache.config import GenerationConfig
