@@ -70,12 +70,10 @@ def _generation(
 class Turn:
     """One user turn as it flows through the engine's steps; each step fills in what it decided."""
 
-    session_id: str
-    text: str
+    session_id: str  # also the token tier's entry: the session, or the given conversation's key
     params: GenerationConfig
     started: float
     user: Message
-    kv_key: str = ""  # the token tier's entry: the session id, or the given conversation's key
     given: bool = False  # the caller keeps the conversation (`complete`): nothing is recorded
     prefix: list[int] | None = None  # the shared system-prompt ids to start from (default: the engine's)
     bot: str | None = None  # the answer cache's bot fingerprint (default: the engine's)
@@ -85,6 +83,10 @@ class Turn:
     stats: TurnStats = field(default_factory=TurnStats)
     reply: Message | None = None
     committed: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.user.content
 
 
 class ChatEngine:
@@ -294,7 +296,7 @@ class ChatEngine:
         system = given[0] if given[0].role == "system" else None
         conversation = Conversation(kv_key or conversation_key(given), system, turns=given[1 if system else 0 : -1])
         turn = Turn(
-            conversation.id, given[-1].content, params, time.perf_counter(), given[-1], kv_key=conversation.id, given=True,
+            conversation.id, params, time.perf_counter(), given[-1], given=True,
             prefix=self.renderer.system_ids(system.content) if system else [],
             bot=bot_fingerprint(system.content if system else None),
         )  # fmt: skip
@@ -409,7 +411,7 @@ class ChatEngine:
         self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]
     ) -> Generator[str, None, None]:
         """One turn, through its steps in order: receive, understand, serve, commit."""
-        turn = Turn(session_id, text, params, time.perf_counter(), Message("user", text), kv_key=session_id)
+        turn = Turn(session_id, params, time.perf_counter(), Message("user", text))
         # Checked before the session is opened, so a refused first message creates nothing; a
         # new session's system message is the bot's prompt alone (it has no facts yet).
         bare_system = Message("system", self.system_prompt) if self.system_prompt else None
@@ -439,8 +441,8 @@ class ChatEngine:
 
     def _run_given(self, conversation: Conversation, turn: Turn, holder: list[Reply]) -> Generator[str, None, None]:
         """A turn on a conversation the caller keeps: understand and serve, with nothing to record."""
-        self.resident.touch(turn.kv_key)  # its KV and heat are let go of like an idle session's
-        with self._key_locks.get(turn.kv_key):
+        self.resident.touch(turn.session_id)  # its KV and heat are let go of like an idle session's
+        with self._key_locks.get(turn.session_id):
             self._understand(conversation, turn)
             try:
                 yield from self._serve(conversation, turn)
@@ -487,7 +489,7 @@ class ChatEngine:
             prompt, stats.dropped_turns = self._plan(conversation, turn)
             generated: list[Message] = []
             try:
-                yield from self.runner.stream(turn.kv_key, prompt, params, stats, turn.started, generated, turn.prefix)
+                yield from self.runner.stream(turn.session_id, prompt, params, stats, turn.started, generated, turn.prefix)
             finally:  # also when the reader stopped: the runner kept what was generated
                 if generated:
                     turn.reply = generated[0]
@@ -570,7 +572,7 @@ class ChatEngine:
             if len(prompt) <= room:
                 break
             start += 2  # one user message and its reply
-        self.conversations.move_context_start(conversation, start)
+        conversation.context_start = start  # from now on, and after a restart once the turn commits
         # The user's segment is not memoized: if this turn fails, another message takes its place.
         del conversation.segments.ids[len(conversation.window()):]
         return prompt, start // 2

@@ -160,7 +160,7 @@ class ContextCoordinator:
         if result.drift and conversation.turns:
             context.drift, context.drift_reasons = True, tuple(result.reasons)
             self.turn_tier.invalidate(conversation.id)
-            self.conversations.move_context_start(conversation, len(conversation.turns))
+            conversation.context_start = len(conversation.turns)  # the turn's commit stores it
             conversation.segments.ids.clear()
 
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:

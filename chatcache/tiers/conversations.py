@@ -282,13 +282,6 @@ class Conversations:
             conversation.facts = self.store.facts(conversation.id)
             conversation.learned = []
 
-    def move_context_start(self, conversation: Conversation, start: int) -> None:
-        """Leave the turns before `start` out of the prompt from now on (stored by the turn's commit).
-
-        The caller re-renders the segments of the new window.
-        """
-        conversation.context_start = start
-
     def promote(self, conversation: Conversation, facts: list[tuple[str, str, str, float]], turn: int) -> None:
         """Confirm (kind, name, value, confidence) facts: the system message shows them from this
         turn on, and the turn's commit stores them."""
