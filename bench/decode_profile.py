@@ -8,7 +8,9 @@ The bundled model decodes one token per step, reading every weight once: 135M pa
     cost at that bandwidth (the floor for fp32, whatever the kernels);
   * the weight-only kernels that would read fewer bytes, on the model's own shapes with one
     row of activations: bf16, int8 (`_weight_int8pack_mm`) and 4-bit groups of 32
-    (`_weight_int4pack_mm_for_cpu`, the layout of the GGUF's Q4_1), each against fp32.
+    (`_weight_int4pack_mm_for_cpu`, the layout of the GGUF's Q4_1), each against fp32;
+  * `torch.compile` of the whole decode step on a static cache (the shape it needs to compile
+    once), against the same step in eager mode.
 
     python -m bench.decode_profile [--quick]
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from chatcache import load_chat_model
 
@@ -54,6 +56,31 @@ def decode_step(model: Any, context: int, repeats: int) -> tuple[float, Callable
         return output
 
     return per_call_ms(step, repeats), step
+
+
+def compiled_decode(model: Any, context: int, repeats: int) -> dict[str, float]:
+    """One static-cache decode step, eager and under `torch.compile`; the first compiled call pays the compile."""
+    steps = 2 * (repeats + 3) + 1
+    cache = StaticCache(config=model.config, max_cache_len=context + steps)  # attention spans all of it every step
+    with torch.no_grad():
+        model(input_ids=torch.randint(100, 1000, (1, context)), past_key_values=cache)
+    token = torch.tensor([[100]])
+
+    def step_of(forward: Callable[..., Any]) -> Callable[[], object]:
+        def step() -> object:
+            with torch.no_grad():
+                return forward(input_ids=token, past_key_values=cache, logits_to_keep=1)
+
+        return step
+
+    eager_ms = per_call_ms(step_of(model), repeats)
+    compiled = step_of(torch.compile(model))
+    started = time.perf_counter()
+    compiled()
+    compile_s = time.perf_counter() - started
+    compiled_ms = per_call_ms(compiled, repeats)
+    return {"eager_static_ms": round(eager_ms, 1), "compiled_static_ms": round(compiled_ms, 1),
+            "speedup": round(eager_ms / compiled_ms, 3), "compile_s": round(compile_s, 1)}  # fmt: skip
 
 
 def operator_shares(step: Callable[[], object], steps: int) -> dict[str, float]:
@@ -126,7 +153,7 @@ def main() -> None:
     bench_arguments(parser)
     args = parser.parse_args()
     repeats = 10 if args.quick else 40
-    run = BenchRun("decode_profile", args, minutes=(3, 1))
+    run = BenchRun("decode_profile", args, minutes=(5, 3))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = load_chat_model("bundled", device="cpu").model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -143,6 +170,7 @@ def main() -> None:
         "fp32_weights_floor_ms": round(floor_ms, 1),
         "step_to_floor_at_200": round(steps[200] / floor_ms, 2),
     })  # fmt: skip
+    run.section("torch_compile_at_200", compiled_decode(model, 200, repeats))
     kernels = weight_kernels(model, repeats * 5)
     run.section("weight_only_kernels", kernels)
     run.finish(
