@@ -1,13 +1,15 @@
-"""The `chatcache` command: chat, ask (one turn, then exit) and eval."""
+"""The `chatcache` command: chat, ask (one turn, then exit), serve (HTTP) and eval."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used, so `chatcache --help` starts without torch
@@ -56,6 +58,20 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--session", required=True, help="session id; the conversation continues from the database")
     ask.add_argument("--json", action="store_true", help="print one JSON object")
     ask.add_argument("text", help="the user's message")
+    serve = commands.add_parser("serve", help="serve the bot over HTTP: OpenAI-compatible API, sessions, metrics, a chat page")
+    serve.add_argument("--config", type=Path, default=None, help="YAML file of settings (below flags and CHATCACHE_* variables)")
+    serve.add_argument("--bot", default=None, help="bot definition: a YAML file or a shipped bot name")
+    serve.add_argument("--model", default=None, help="'bundled' (default), a Hugging Face model id or a local path")
+    serve.add_argument("--db", default=None, help="SQLAlchemy URL of the session database (default: SQLite in the data dir)")
+    serve.add_argument("--system", dest="system_prompt", default=None, help="system prompt (default: the bot's, or a generic one)")
+    serve.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve.add_argument("--ttft-slo", type=float, default=None, help="refuse (429) requests predicted to wait longer for their first token (seconds)")
+    serve.add_argument("--max-queue", type=int, default=None, help="refuse (429) when this many requests wait for the model (default 64)")
+    serve.add_argument("--api-key-file", type=Path, default=None, help="one 'KEY TENANT' per line; then every request needs a key")
+    serve.add_argument("--rate-limit", type=float, default=None, help="requests per second per API key")
+    serve.add_argument("--busy-session", choices=("wait", "reject"), default=None, help="a session's message while its turn runs: wait (default) or 409")
+    serve.add_argument("--drain-seconds", type=float, default=None, help="on SIGTERM, how long running turns may take to finish (default 30)")
     commands.add_parser("bots", help="list the shipped bots (what --bot NAME accepts besides a YAML file)")
     evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs")
     evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
@@ -106,6 +122,33 @@ def _ask(args: argparse.Namespace) -> int:
         )
     else:
         print(reply.text)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Validate the settings before the model loads, then serve until SIGTERM or Ctrl-C drains and stops it."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from .serving import ServeSettings, create_app
+    from .serving.keys import KeyFileError
+
+    flags = {name: getattr(args, name) for name in (
+        "bot", "model", "db", "system_prompt", "host", "port", "ttft_slo", "max_queue", "api_key_file", "rate_limit",
+        "busy_session", "drain_seconds",
+    )}  # fmt: skip
+    try:
+        settings = ServeSettings.load(args.config, **flags)
+        settings.keys()
+    except (ValidationError, KeyFileError, ValueError) as error:
+        print(f"chatcache serve: {error}", file=sys.stderr)
+        return 2
+    _check_bot(settings.bot)
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=settings.port,
+        timeout_graceful_shutdown=int(math.ceil(settings.drain_seconds)), log_level="info",
+    )  # fmt: skip
+    uvicorn.Server(config).run()
     return 0
 
 
@@ -171,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_bot(args.bot)
         if args.command == "ask":
             return _ask(args)
+        if args.command == "serve":
+            return _serve(args)
         if args.plain or not sys.stdin.isatty() or not sys.stdout.isatty():
             from apps.plain_chat import run_plain_chat
 

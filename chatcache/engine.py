@@ -1,13 +1,15 @@
 """ChatEngine: answers a user turn by turn on a local model, serving what it can from its caches.
 
 One turn, top to bottom (`_run_turn`), carried through named steps by one `Turn` record:
-receive (check the message, record it in the session tier); understand (the dialogue layer and
-drift detection steer the tiers, `steering/hcac.py`; the answer cache's scope); serve (the flow's
-own question, a cached answer, or the model on the session's KV from the token tier, prefilling
-only what it lacks, `model/runner.py`, on a prompt laid out from the system prompt with
-confirmed facts and the turns that fit); commit (the reply, dialogue state, prompt window and
-facts in one write). A failed turn keeps the user's message in the record and changes nothing
-else; a cancelled one keeps what was said.
+receive (check the message); understand (the dialogue layer and drift detection steer the
+tiers, `steering/hcac.py`; the answer cache's scope); serve (the flow's own question, a cached
+answer, or the model on the session's KV from the token tier, prefilling only what it lacks,
+`model/runner.py`, on a prompt laid out from the system prompt with confirmed facts and the
+turns that fit; the user's message is recorded once the reply is decided on, after a server's
+admission control let a model turn in); commit (the reply, dialogue state, prompt window and
+facts in one write). A turn refused before it was recorded changes nothing; a failed turn
+keeps the user's message in the record and changes nothing else; a cancelled one keeps what
+was said.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +43,10 @@ from .tiers.turn_tier import TurnTier, TurnTierConfig
 
 
 ROLES = ("system", "user", "assistant")
+
+Admit = Callable[[int], None]
+"""Admission control for one turn: called with the prompt tokens the model would have to
+prefill, before the turn records anything; it raises to refuse the turn (the server's 429)."""
 
 
 def conversation_key(messages: Sequence[Message]) -> str:
@@ -77,6 +83,7 @@ class Turn:
     given: bool = False  # the caller keeps the conversation (`complete`): nothing is recorded
     prefix: list[int] | None = None  # the shared system-prompt ids to start from (default: the engine's)
     bot: str | None = None  # the answer cache's bot fingerprint (default: the engine's)
+    admit: Admit | None = None
     user_seq: int = 0
     context: TurnContext = field(default_factory=TurnContext)
     scope: AnswerScope | None = None
@@ -99,7 +106,9 @@ class ChatEngine:
         answer_cache: serve a question asked again in the same context from the answer cache,
             without running the model; True for the defaults or an `AnswerCacheConfig`.
         drift: detect topic changes and drop stale context; True for the defaults or a `DriftConfig`.
-        token_tier: KV reuse settings; by default 1 GiB in memory, cold sessions spilled under the data dir.
+        token_tier: KV reuse settings (by default 1 GiB in memory, cold sessions spilled under the
+            data dir), or a `TokenTier` engines on the same model share (one memory budget; a
+            server's per-tenant engines).
         context_window: prompt plus reply limit in tokens; defaults to the model's.
         device: where the model runs; defaults to CUDA when available.
         store: the session tier: a `SessionStore`, a SQLAlchemy URL, or None for the SQLite
@@ -123,7 +132,7 @@ class ChatEngine:
         system_prompt: str | None = None,
         answer_cache: bool | AnswerCacheConfig = False,
         drift: bool | DriftConfig = False,
-        token_tier: TokenTierConfig | None = None,
+        token_tier: TokenTierConfig | TokenTier | None = None,
         context_window: int | None = None,
         device: str | None = None,
         store: SessionStore | str | None = None,
@@ -142,7 +151,11 @@ class ChatEngine:
         self.tenant = tenant
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
         self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)
-        self.token_tier = self._build_token_tier(token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv"))
+        self.token_tier = (
+            token_tier
+            if isinstance(token_tier, TokenTier)
+            else self.build_token_tier(self.chat_model, token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv"))
+        )
         self._system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
         if not isinstance(store, SessionStore):
             store = SessionStore(store) if store else SessionStore.open(default_data_dir())
@@ -197,14 +210,16 @@ class ChatEngine:
             texts += [intent.name.replace("_", " "), intent.description, *intent.examples]
         return texts
 
-    def _build_token_tier(self, config: TokenTierConfig) -> TokenTier:
-        hf_model = self.chat_model.model
+    @staticmethod
+    def build_token_tier(chat_model: ChatModel, config: TokenTierConfig) -> TokenTier:
+        """The token tier of `chat_model`'s KV; one built here can be shared by several engines."""
+        hf_model = chat_model.model
         return TokenTier(
             config,
             model_config=hf_model.config,
             bytes_per_token=kv_bytes_per_token(hf_model.config, hf_model.dtype),
             prefill=lambda ids, cache: prefill(hf_model, ids, cache),
-            spill_identity=(self.chat_model.identity, self.renderer.template_hash),
+            spill_identity=(chat_model.identity, PromptRenderer(chat_model.tokenizer).template_hash),
             device=hf_model.device,
         )
 
@@ -235,8 +250,10 @@ class ChatEngine:
         top_p: float = 1.0,
         stop: str | list[str] | tuple[str, ...] | None = None,
         seed: int | None = None,
+        admit: Admit | None = None,
     ) -> ReplyStream:
-        """Answer `text`, yielding text pieces as tokens are generated.
+        """Answer `text`, yielding text pieces as tokens are generated; `admit` may refuse a
+        turn that needs the model before anything is recorded (see `Admit`).
 
         Raises:
             InvalidMessageError: empty text or text no database can store (at once), or a
@@ -249,7 +266,7 @@ class ChatEngine:
             raise InvalidMessageError("The message is empty: type something to send.")
         check_storable(text)
         holder: list[Reply] = []
-        pieces = self._counted(self._run_turn(session_id, text, params, holder))
+        pieces = self._counted(self._run_turn(session_id, text, params, holder, admit))
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
 
     def astream(
@@ -261,10 +278,11 @@ class ChatEngine:
         top_p: float = 1.0,
         stop: str | list[str] | tuple[str, ...] | None = None,
         seed: int | None = None,
+        admit: Admit | None = None,
     ) -> AsyncReplyStream:
         """`stream` for asyncio code: `async for piece in engine.astream(...)`, called inside a
         running event loop; the same errors, raised at once or when iteration starts."""
-        return AsyncReplyStream(self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed))
+        return AsyncReplyStream(self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed, admit))
 
     def complete(
         self,
@@ -275,6 +293,7 @@ class ChatEngine:
         top_p: float = 1.0,
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
+        admit: Admit | None = None,
     ) -> ReplyStream:
         """Answer the last user message of a conversation the caller keeps (LangChain's way, or
         an OpenAI-style request), through the same steps as a session's turn but recording nothing.
@@ -298,7 +317,7 @@ class ChatEngine:
         turn = Turn(
             conversation.id, params, time.perf_counter(), given[-1], given=True,
             prefix=self.renderer.system_ids(system.content) if system else [],
-            bot=bot_fingerprint(system.content if system else None),
+            bot=bot_fingerprint(system.content if system else None), admit=admit,
         )  # fmt: skip
         holder: list[Reply] = []
         pieces = self._counted(self._run_given(conversation, turn, holder))
@@ -339,6 +358,14 @@ class ChatEngine:
             UnknownSessionError: no such session in the session tier.
         """
         return list(self.conversations.read(session_id).turns)
+
+    def create_session(self, session_id: str, title: str | None = None) -> ChatSession:
+        """Start a session of this engine's user and bot before its first message.
+
+        Raises:
+            SessionExistsError: the id is taken.
+        """
+        return self.store.create_session(session_id, self.conversations.user_id, self.conversations.bot, title)
 
     def sessions(self) -> list[ChatSession]:
         """This user's sessions in the session tier, most recently active first."""
@@ -408,10 +435,10 @@ class ChatEngine:
     # -- one turn ---------------------------------------------------------------------
 
     def _run_turn(
-        self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply]
+        self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply], admit: Admit | None
     ) -> Generator[str, None, None]:
         """One turn, through its steps in order: receive, understand, serve, commit."""
-        turn = Turn(session_id, params, time.perf_counter(), Message("user", text))
+        turn = Turn(session_id, params, time.perf_counter(), Message("user", text), admit=admit)
         # Checked before the session is opened, so a refused first message creates nothing; a
         # new session's system message is the bot's prompt alone (it has no facts yet).
         bare_system = Message("system", self.system_prompt) if self.system_prompt else None
@@ -424,7 +451,6 @@ class ChatEngine:
                 self._release_topic(session_id)
             if conversation.system != bare_system:  # the session's facts lengthen the system message
                 self._check_fits(conversation.system, turn.user, params.max_new_tokens)
-            self._receive(conversation, turn)
             try:
                 self._understand(conversation, turn)
                 try:
@@ -455,17 +481,21 @@ class ChatEngine:
             self._reply_ids.remember(reply.content, reply.generated_ids)
         holder.append(self._reply_of(turn))
 
-    def _receive(self, conversation: Conversation, turn: Turn) -> None:
-        """Record the user's message before anything can fail (the turn's first write)."""
+    def _record_user(self, conversation: Conversation, turn: Turn) -> None:
+        """Record the user's message once the turn is let in, before the reply can fail (the
+        turn's first write); a conversation the caller keeps records nothing."""
+        if turn.given:
+            return
         tokens = len(self.renderer.encode_text(turn.text))
         turn.user_seq = self.conversations.record_user(conversation, turn.text, tokens)
 
     def _understand(self, conversation: Conversation, turn: Turn) -> None:
         """The dialogue layer and drift detection read the turn; the answer cache's scope follows."""
+        turn.user_seq = conversation.last_seq + 1  # the seq its message gets: the lease keeps others out
         turn_id = f"{turn.session_id}:{turn.user_seq}"
         if self.coordinator is not None and not turn.given:  # the dialogue state lives in a session
             turn.context = self.coordinator.before_reply(conversation, turn.text, turn_id)
-        turn.stats.drift = turn.context.drift
+        turn.stats.drift, turn.stats.promoted = turn.context.drift, turn.context.promoted
         if self.answers is not None:
             turn.scope = self.answers.scope(conversation, turn.context, turn.text, bot=turn.bot)
 
@@ -475,11 +505,13 @@ class ChatEngine:
         hit = self.answers.lookup(turn.text, turn.scope, turn.context, params) if self.answers and turn.scope else None
         if turn.context.bot_reply is not None:
             # The flow needs a slot or a confirmation: the bot's own question is the answer.
+            self._record_user(conversation, turn)
             stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - turn.started
             yield turn.context.bot_reply
             turn.reply = Message("assistant", turn.context.bot_reply)
         elif hit is not None:
             assert self.answers is not None
+            self._record_user(conversation, turn)  # served even when the model is saturated: it costs no model time
             stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
             stats.ttft_s = time.perf_counter() - turn.started
             yield hit.answer
@@ -487,6 +519,10 @@ class ChatEngine:
             self.answers.maybe_audit(hit, params, lambda: self._plan(conversation, turn)[0])
         else:
             prompt, stats.dropped_turns = self._plan(conversation, turn)
+            if turn.admit is not None:
+                prefix = self._system_ids if turn.prefix is None else turn.prefix
+                turn.admit(len(prompt) - self.token_tier.reusable(turn.session_id, prompt, prefix))
+            self._record_user(conversation, turn)
             generated: list[Message] = []
             try:
                 yield from self.runner.stream(turn.session_id, prompt, params, stats, turn.started, generated, turn.prefix)

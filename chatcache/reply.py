@@ -31,6 +31,7 @@ class TurnStats:
         finish_reason: "eos", "length", "stop" (a stop sequence), "cancelled" or "flow".
         answer_cache_hit: whether the answer came from the answer cache without the model.
         drift: whether this turn was detected as a topic change.
+        promoted: whether this turn's confirmed intent and slots became session facts.
     """
 
     prompt_tokens: int = 0
@@ -47,6 +48,7 @@ class TurnStats:
     finish_reason: str = "eos"
     answer_cache_hit: bool = False
     drift: bool = False
+    promoted: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

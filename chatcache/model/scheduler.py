@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from .generation import GeneratedToken, entropy_bits, forward, pick
 
 PREFILL_CHUNK = 512  # prompt tokens one step prefills of one arriving request
 MAX_BATCH = 32  # requests decoded at once; more wait for a row
+RATE_WEIGHT = 0.2  # weight of the newest step in the measured rates (an exponential moving average)
 log = logging.getLogger("chatcache")
 
 
@@ -71,6 +73,29 @@ class Request:
         return self.cache
 
 
+@dataclass
+class StepRates:
+    """What the worker's steps cost lately, for predicting a request's time to first token.
+
+    Attributes:
+        prefill_s_per_token: seconds per prompt token of a prefill chunk; None until measured.
+        decode_step_s: seconds of one batched decode step at the batch size of late; None until measured.
+    """
+
+    prefill_s_per_token: float | None = None
+    decode_step_s: float | None = None
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill_s_per_token = _moving(self.prefill_s_per_token, seconds / tokens)
+
+    def record_decode(self, seconds: float) -> None:
+        self.decode_step_s = _moving(self.decode_step_s, seconds)
+
+
+def _moving(average: float | None, value: float) -> float:
+    return value if average is None else (1 - RATE_WEIGHT) * average + RATE_WEIGHT * value
+
+
 class Scheduler:
     """Owns the model and runs every request submitted to it, batching their decodes.
 
@@ -93,6 +118,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._closed = False
         self.peak_running = 0  # the most requests one decode step has run together
+        self.rates = StepRates()  # written by the worker only
         self._worker = threading.Thread(target=self._work, name="chatcache-model", daemon=True)
         self._worker.start()
 
@@ -108,6 +134,17 @@ class Scheduler:
             self._inbox.append(request)
             self._wake.notify()
         return request
+
+    @property
+    def running(self) -> int:
+        """Requests decoding now."""
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Requests submitted and not yet decoding (queued or prefilling)."""
+        with self._wake:
+            return len(self._inbox) + len(self._prefilling)
 
     def close(self) -> None:
         """Finish nothing new: fail what is queued or running, and stop the worker."""
@@ -150,7 +187,9 @@ class Scheduler:
 
     def _prefill_chunk(self, request: Request) -> None:
         chunk, request.pending = request.pending[: self.prefill_chunk], request.pending[self.prefill_chunk :]
+        started = time.perf_counter()
         logits = forward(self.model, chunk, request.cache)
+        self.rates.record_prefill(len(chunk), time.perf_counter() - started)
         if request.pending:
             return
         self._prefilling.popleft()
@@ -163,12 +202,14 @@ class Scheduler:
 
     def _decode(self) -> None:
         self.peak_running = max(self.peak_running, len(self._running))
+        started = time.perf_counter()
         mask = self._batch.begin_step()
         ids = torch.tensor([[r.next_id] for r in self._running], device=self.model.device)
         positions = self._batch.positions().to(self.model.device)
         output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self._batch, use_cache=True)
         self._batch.end_step()
         logits = output.logits[:, -1].float().cpu()
+        self.rates.record_decode(time.perf_counter() - started)
         for row in reversed(range(len(self._running))):
             if self._emit(self._running[row], logits[row]):
                 self._leave(row)

@@ -159,6 +159,20 @@ class SpillStore:
             raise ValueError("KV length does not match its ids")
         return SpilledKV(ids=ids, layers=layers)
 
+    def spilled_ids(self, session_id: str) -> list[int] | None:
+        """The token ids a session's spilled KV covers, read without its tensors; None if none or unreadable."""
+        from safetensors import safe_open
+
+        path = self.path(session_id)
+        if not path.is_file():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                ids: list[int] = handle.get_tensor("ids").tolist()
+                return ids
+        except Exception:  # noqa: BLE001 - the restore decides what an unreadable file means
+            return None
+
     def discard(self, session_id: str) -> None:
         """Delete a session's file. One that cannot be deleted stays: it is never wrong, since
         `load` checks it and the token tier reuses only the prefix its ids share with a prompt."""

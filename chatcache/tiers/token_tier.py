@@ -142,6 +142,22 @@ class TokenTier:
                 return self._count(Checkout(cache, reused, "prefix"))
         return self._count(Checkout(kv.new_cache(self._model_config), 0, "none"))
 
+    def reusable(self, session_id: str, prompt: list[int], prefix: list[int]) -> int:
+        """How many of `prompt`'s tokens a checkout would take from a cache now, taking nothing.
+
+        Admission control's estimate of a turn's prefill before it is let in: the session's KV
+        in memory or on disk, else the shared prefix (computed once if it is not yet).
+        """
+        if not self.config.enabled:
+            return 0
+        with self._lock:
+            entry = self._sessions.get(session_id)
+            ids = entry.ids if entry is not None else None
+        if ids is None and self._spill is not None:
+            ids = self._spill.spilled_ids(session_id)
+        best = max(common_prefix_length(ids or [], prompt), common_prefix_length(prefix, prompt))
+        return max(0, min(best, len(prompt) - 1))
+
     def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
         """Give a session's cache back after its turn; `ids` are exactly the positions it holds.
 

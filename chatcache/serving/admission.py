@@ -1,0 +1,120 @@
+"""Admission control (the design's ACPC): refuse what cannot start in time, before any work.
+
+Each request that needs the model gets a predicted time to first token when the engine knows
+what it must prefill (the prompt less what the token tier can reuse), before the turn records
+anything. The scheduler prefills one chunk of the oldest waiting request per step and decodes
+every running request in the same step, so a newcomer waits for every prefill chunk ahead of
+it and its own, each step also paying one batched decode:
+
+    predicted = (tokens ahead + own tokens) x prefill seconds per token
+                + (chunks ahead + own chunks) x decode step seconds   (when requests are decoding)
+                + the engine's own time before the model (learned: the mean of actual - predicted)
+
+with the rates the scheduler measures while serving. Over the SLO, or with `max_queue`
+requests already waiting for their first token, the request is refused with a retry time.
+Answer-cache hits and the flow's own questions never reach this point: they cost no model time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+from ..model.scheduler import RATE_WEIGHT, Scheduler
+
+
+class Overloaded(Exception):
+    """Refused by admission control or a rate limit; the server's 429."""
+
+    def __init__(self, reason: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's passage through admission; `admit` is the engine's `Admit` hook."""
+
+    control: AdmissionControl
+    predicted_s: float | None = None  # None: the request never needed the model
+    model_s: float = 0.0  # the part the scheduler's rates predict, without the learned overhead
+    waiting: bool = False
+
+    def admit(self, prefill_tokens: int) -> None:
+        self.control._admit(self, prefill_tokens)
+
+    def started(self, actual_ttft_s: float) -> float | None:
+        """The first token arrived (or the turn ended): leave the queue; returns the prediction's error."""
+        self.control._leave(self)
+        if self.predicted_s is None:
+            return None
+        self.control._learn(actual_ttft_s - self.model_s)
+        return actual_ttft_s - self.predicted_s
+
+    def close(self) -> None:
+        """The request ended without a first token (failed or cancelled)."""
+        self.control._leave(self)
+
+
+@dataclass
+class AdmissionControl:
+    """Admits requests for one model's scheduler.
+
+    Args:
+        scheduler: the model's scheduler (its rates, chunk size and running requests).
+        slo_s: the TTFT a request may be predicted to wait; None admits any wait.
+        max_queue: requests waiting for their first token at most.
+    """
+
+    scheduler: Scheduler
+    slo_s: float | None
+    max_queue: int
+    overhead_s: float = 0.0
+    _waiting: dict[Ticket, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ticket(self) -> Ticket:
+        return Ticket(self)
+
+    @property
+    def waiting(self) -> int:
+        """Requests admitted and still waiting for their first token."""
+        with self._lock:
+            return len(self._waiting)
+
+    def predict(self, prefill_tokens: int, ahead: list[int]) -> float:
+        """The model's part of the time to first token of a request prefilling `prefill_tokens`
+        behind requests prefilling `ahead`, at the scheduler's rates of late."""
+        rates, chunk = self.scheduler.rates, self.scheduler.prefill_chunk
+        per_token = rates.prefill_s_per_token or 0.0
+        steps = sum(math.ceil(tokens / chunk) for tokens in (*ahead, prefill_tokens))
+        decoding = self.scheduler.running > 0 or bool(ahead)
+        step_s = (rates.decode_step_s or 0.0) if decoding else 0.0
+        return (sum(ahead) + prefill_tokens) * per_token + steps * step_s
+
+    def _admit(self, ticket: Ticket, prefill_tokens: int) -> None:
+        with self._lock:  # decided and queued together: a burst cannot all see the same empty queue
+            ahead = list(self._waiting.values())
+            model_s = self.predict(prefill_tokens, ahead)
+            predicted = model_s + self.overhead_s
+            if len(ahead) >= self.max_queue:
+                raise Overloaded("queue", max(1.0, predicted), f"{len(ahead)} requests are already waiting for the model.")
+            if self.slo_s is not None and predicted > self.slo_s:
+                raise Overloaded(
+                    "slo",
+                    max(1.0, predicted - self.slo_s),
+                    f"The first token is predicted in {predicted:.1f} s, over the {self.slo_s:g} s target.",
+                )
+            ticket.predicted_s, ticket.model_s, ticket.waiting = predicted, model_s, True
+            self._waiting[ticket] = prefill_tokens
+
+    def _leave(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._waiting.pop(ticket, None)
+            ticket.waiting = False
+
+    def _learn(self, overhead_s: float) -> None:
+        with self._lock:
+            self.overhead_s = (1 - RATE_WEIGHT) * self.overhead_s + RATE_WEIGHT * max(0.0, overhead_s)

@@ -1,0 +1,95 @@
+"""API keys, the tenants they belong to, and each key's request rate.
+
+A tenant is whose data a request may touch: its sessions and its answer-cache entries. Keys
+are compared in constant time, so response timing says nothing about how much of a guess was
+right.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+TENANT = re.compile(r"[A-Za-z0-9_-]{1,32}")
+"""A tenant name: it prefixes the tenant's session ids in the database, so it has no separator."""
+
+DEFAULT_TENANT = "default"  # every request's tenant when no keys are configured
+
+
+class KeyFileError(ValueError):
+    """A key file or `CHATCACHE_API_KEYS` line that is not `KEY TENANT`."""
+
+
+@dataclass
+class ApiKeys:
+    """The configured keys; none configured means an open server with one tenant."""
+
+    _tenants: dict[str, str] = field(default_factory=dict)
+
+    def add_lines(self, lines: Iterable[str], source: str) -> None:
+        """Add `KEY TENANT` lines; blank lines and `#` comments are skipped.
+
+        Raises:
+            KeyFileError: a line with another shape, a bad tenant name, or a key given twice.
+        """
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise KeyFileError(f"{source}, line {number}: expected 'KEY TENANT', got {len(parts)} fields")
+            key, tenant = parts
+            if len(key) < 16:
+                raise KeyFileError(f"{source}, line {number}: a key must be at least 16 characters")
+            if not TENANT.fullmatch(tenant):
+                raise KeyFileError(f"{source}, line {number}: tenant {tenant!r} must be 1-32 of A-Z a-z 0-9 _ -")
+            if key in self._tenants:
+                raise KeyFileError(f"{source}, line {number}: this key is already given")
+            self._tenants[key] = tenant
+
+    @property
+    def required(self) -> bool:
+        return bool(self._tenants)
+
+    @property
+    def tenants(self) -> set[str]:
+        return set(self._tenants.values()) or {DEFAULT_TENANT}
+
+    def tenant_of(self, key: str | None) -> str | None:
+        """The key's tenant; None for a missing or unknown key. Without keys, everyone's the default tenant."""
+        if not self._tenants:
+            return DEFAULT_TENANT
+        if not key:
+            return None
+        found = None
+        for known, tenant in self._tenants.items():  # every key compared: the time does not depend on which matched
+            if hmac.compare_digest(known.encode(), key.encode()):
+                found = tenant
+        return found
+
+
+class TokenBucket:
+    """`rate` requests per second per key, up to `burst` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._levels: dict[str, tuple[float, float]] = {}  # key: (tokens, when)
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> float:
+        """Take one request's token; returns 0 if there was one, else the seconds until there is."""
+        now = time.monotonic()
+        with self._lock:
+            tokens, when = self._levels.get(key, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - when) * self.rate)
+            if tokens >= 1:
+                self._levels[key] = (tokens - 1, now)
+                return 0.0
+            self._levels[key] = (tokens, now)
+            return (1 - tokens) / self.rate

@@ -1,0 +1,114 @@
+"""What `chatcache serve` is told: flags, then environment (`CHATCACHE_*`), then a config file.
+
+Every setting is validated before the model loads, so a typo in a port or a key file fails at
+once with the setting's name, not minutes later or under the first request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from .keys import ApiKeys
+
+
+class ServeSettings(BaseSettings):
+    """The server's settings; flags override the environment, which overrides the config file.
+
+    Attributes:
+        bot: a bot definition (YAML path or shipped bot name); none for a plain chatbot.
+        model: "bundled", a Hugging Face model id or a local path.
+        db: SQLAlchemy URL of the session database (default: SQLite in the data directory).
+        host, port: where to listen; loopback by default.
+        system_prompt: the bot's instructions (default: the bot's, or a generic one).
+        ttft_slo: refuse (429) a request predicted to wait longer than this for its first token.
+        max_queue: refuse (429) a request when this many are admitted and waiting for their first token.
+        api_key_file: one `KEY TENANT` per line; with keys (here or in `api_keys`) every request needs one.
+        api_keys: the same lines in the environment (`CHATCACHE_API_KEYS`), separated by `;` or newlines.
+        rate_limit: requests per second each API key may send (a token bucket); none for no limit.
+        rate_burst: requests a key may send at once before its rate applies.
+        busy_session: a session's second message while its turn runs: wait behind it, or 409.
+        max_body_bytes: larger request bodies get 413.
+        drain_seconds: on SIGTERM, how long running turns may take to finish.
+        max_tokens: reply tokens when a request does not say.
+        answer_cache, drift: the engine's answer cache and drift detection.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CHATCACHE_", extra="forbid", validate_default=True)
+
+    bot: str | None = None
+    model: str = "bundled"
+    db: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    system_prompt: str | None = None
+    ttft_slo: float | None = Field(None, gt=0)
+    max_queue: int = Field(64, ge=1)
+    api_key_file: Path | None = None
+    api_keys: str | None = None
+    rate_limit: float | None = Field(None, gt=0)
+    rate_burst: int = Field(10, ge=1)
+    busy_session: Literal["wait", "reject"] = "wait"
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    drain_seconds: float = Field(30.0, ge=0)
+    max_tokens: int = Field(256, ge=1)
+    answer_cache: bool = True
+    drift: bool = True
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _readable(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"{path} is not a readable file")
+        return path
+
+    def keys(self) -> ApiKeys:
+        """The API keys of the key file and the environment, checked line by line."""
+        keys = ApiKeys()
+        if self.api_key_file is not None:
+            keys.add_lines(self.api_key_file.read_text(encoding="utf-8").splitlines(), str(self.api_key_file))
+        if self.api_keys:
+            keys.add_lines(self.api_keys.replace(";", "\n").splitlines(), "CHATCACHE_API_KEYS")
+        return keys
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **flags: Any) -> ServeSettings:
+        """Settings from the given flags (None means unset), the environment and `config_file` (YAML)."""
+        given = {name: value for name, value in flags.items() if value is not None}
+        if config_file is None:
+            return cls(**given)
+        if not config_file.is_file():
+            raise ValueError(f"config file {config_file} is not a readable file")
+        return _WithFile(config_file)(**given)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings
+
+
+def _WithFile(config_file: Path) -> type[ServeSettings]:
+    """`ServeSettings` reading `config_file` below the flags and the environment."""
+
+    class FromFile(ServeSettings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=config_file)
+
+    return FromFile

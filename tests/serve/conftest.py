@@ -1,0 +1,74 @@
+"""A live `chatcache serve` app on loopback, on the tiny model, for the HTTP tests.
+
+Each server runs uvicorn in a thread on a free port with its own SQLite database; clients talk
+to it over real sockets, as an OpenAI client or a browser would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from chatcache.serving import ServeSettings, create_app
+
+KEY_A = "key-tenant-a-0123456789"
+KEY_B = "key-tenant-b-0123456789"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+    model_id: str
+
+    def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+@pytest.fixture
+def serve(tiny_model, tiny_model_dir: Path, tmp_path: Path, toy_embed) -> Iterator[Callable[..., LiveServer]]:  # type: ignore[no-untyped-def]
+    started: list[LiveServer] = []
+    counter = itertools.count()
+
+    def start(**settings: Any) -> LiveServer:
+        settings.setdefault("db", f"sqlite:///{tmp_path}/serve-{next(counter)}.db")
+        settings.setdefault("model", str(tiny_model_dir))
+        app = create_app(ServeSettings(**settings), chat_model=tiny_model, embedder=toy_embed)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 120
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        live = LiveServer(f"http://127.0.0.1:{port}", server, thread, tiny_model_dir.name)
+        started.append(live)
+        return live
+
+    yield start
+    for live in started:
+        live.stop()
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> Path:
+    path = tmp_path / "keys.txt"
+    path.write_text(f"# key tenant\n{KEY_A} tenant-a\n{KEY_B} tenant-b\n")
+    return path
