@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dialog import BotDefinition, load_bot
-from storage import ChatSession, SessionStore
+from storage import ChatSession, SessionStore, UnknownSessionError
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
 from .answer_cache.answering import AnswerScope, CachedAnswers
@@ -323,6 +323,41 @@ class ChatEngine:
         pieces = self._counted(self._run_given(conversation, turn, holder))
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
 
+    def may_answer_without_model(
+        self, text: str, session_id: str | None = None, messages: Sequence[Message] | None = None, temperature: float = 0.0
+    ) -> bool:
+        """Whether a turn might be served without the model (a cached answer, a flow's question);
+        False only when it surely needs the model.
+
+        Cheap and without the embedder, so a saturated server can refuse the others at once: an
+        exact repeat of a cached question passes, a paraphrase does not (telling it from a miss
+        takes the embedder's time on the model's cores). With a bot every turn may pass: any
+        message may start a flow, and only the intent classifier can tell.
+        """
+        if self.bot is not None:
+            return True
+        if self.answers is None or temperature > 0:
+            return False
+        if messages is not None:
+            try:
+                given = self._given(messages)
+            except InvalidMessageError:
+                return True  # the turn itself says what is wrong with it
+            system = given[0] if given[0].role == "system" else None
+            conversation = Conversation("given", system, turns=given[1 if system else 0 : -1])
+            return self.answers.holds_exact(conversation, given[-1].content, bot_fingerprint(system.content if system else None))
+        assert session_id is not None
+        try:
+            conversation = self.conversations.open(session_id, create=False)
+        except UnknownSessionError:
+            conversation = Conversation(session_id, Message("system", self.system_prompt) if self.system_prompt else None)
+        if not conversation.lock.acquire(blocking=False):
+            return True  # a turn runs on it: this one waits behind it anyway
+        try:
+            return self.answers.holds_exact(conversation, text)
+        finally:
+            conversation.lock.release()
+
     def _given(self, messages: Sequence[Message]) -> list[Message]:
         """The caller's conversation, checked, with the engine's system prompt first if it has none,
         and our own earlier replies in it carrying the ids they were generated as."""
@@ -462,6 +497,7 @@ class ChatEngine:
             finally:
                 if not turn.committed:  # what the turn changed in memory was never stored
                     self.conversations.forget(session_id)
+                    self._release_topic(session_id)  # the drift topic resumes from the stored turns
             if turn.committed:
                 holder.append(self._reply_of(turn))
 
@@ -542,6 +578,9 @@ class ChatEngine:
             "tier": turn.stats.tier,
             "finish_reason": turn.stats.finish_reason,
             "ttft_s": turn.stats.ttft_s,
+            "reused_tokens": turn.stats.reused_tokens,
+            "prefilled_tokens": turn.stats.prefilled_tokens,
+            "answer_cache_hit": turn.stats.answer_cache_hit,
             "intent": context.intent,
             "drift": context.drift,
             "dialogue_state": context.dialogue_state,

@@ -114,6 +114,16 @@ class CachedAnswers:
         follow_up = Scope(base.model, base.bot, base.tenant, conversation_context(self.conversations.user_id, seen))
         return AnswerScope(follow_up, intent=False, across_users=False, storable=True)
 
+    def holds_exact(self, conversation: Conversation, question: str, bot: str | None = None) -> bool:
+        """Whether this exact question has a live answer where this turn could look (no embedding:
+        admission control asks it of every turn while the model is saturated)."""
+        where = self.scope(conversation, TurnContext(), question, bot=bot)
+        if where is None:
+            return False
+        base = replace(self.base, bot=bot) if bot is not None else self.base
+        # A topic change would empty the window: the context-free scope is a candidate too.
+        return self.cache.contains(question, where.scope) or self.cache.contains(question, base)
+
     def lookup(self, text: str, where: AnswerScope, context: TurnContext, params: GenerationConfig) -> CacheHit | None:
         """The stored answer for `text` in `where`, if one may be served for this turn."""
         # A sampled reply is meant to vary: neither served from nor stored in the cache.

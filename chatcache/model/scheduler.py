@@ -22,6 +22,7 @@ requests in one forward pass (each has its own cache of its own length).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -77,19 +78,33 @@ class Request:
 class StepRates:
     """What the worker's steps cost lately, for predicting a request's time to first token.
 
+    A decode step reads every weight once whatever the batch, and each row adds its own
+    attention and KV: its cost is measured per batch size and read off the line through the
+    measured sizes nearest the one asked about.
+
     Attributes:
         prefill_s_per_token: seconds per prompt token of a prefill chunk; None until measured.
-        decode_step_s: seconds of one batched decode step at the batch size of late; None until measured.
+        decode_step_s: seconds of one batched decode step, by the rows decoded; empty until measured.
     """
 
     prefill_s_per_token: float | None = None
-    decode_step_s: float | None = None
+    decode_step_s: dict[int, float] = field(default_factory=dict)
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         self.prefill_s_per_token = _moving(self.prefill_s_per_token, seconds / tokens)
 
-    def record_decode(self, seconds: float) -> None:
-        self.decode_step_s = _moving(self.decode_step_s, seconds)
+    def record_decode(self, rows: int, seconds: float) -> None:
+        self.decode_step_s[rows] = _moving(self.decode_step_s.get(rows), seconds)
+
+    def decode_step(self, rows: int) -> float:
+        """Seconds of a decode step of `rows` rows: measured, or between (or beyond) the nearest two measured sizes."""
+        points = sorted(self.decode_step_s.items())
+        if len(points) < 2:
+            return points[0][1] if points else 0.0
+        after = min(max(bisect.bisect_right([size for size, _ in points], rows), 1), len(points) - 1)
+        (low, low_s), (high, high_s) = points[after - 1], points[after]
+        slope = max(0.0, (high_s - low_s) / (high - low))
+        return max(0.0, low_s + slope * (rows - low))
 
 
 def _moving(average: float | None, value: float) -> float:
@@ -209,7 +224,7 @@ class Scheduler:
         output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self._batch, use_cache=True)
         self._batch.end_step()
         logits = output.logits[:, -1].float().cpu()
-        self.rates.record_decode(time.perf_counter() - started)
+        self.rates.record_decode(len(self._running), time.perf_counter() - started)
         for row in reversed(range(len(self._running))):
             if self._emit(self._running[row], logits[row]):
                 self._leave(row)

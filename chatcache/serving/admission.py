@@ -4,21 +4,27 @@ Each request that needs the model gets a predicted time to first token when the 
 what it must prefill (the prompt less what the token tier can reuse), before the turn records
 anything. The scheduler prefills one chunk of the oldest waiting request per step and decodes
 every running request in the same step, so a newcomer waits for every prefill chunk ahead of
-it and its own, each step also paying one batched decode:
+it and its own, each step also paying one batched decode at the batch it will have grown to:
 
     predicted = (tokens ahead + own tokens) x prefill seconds per token
-                + (chunks ahead + own chunks) x decode step seconds   (when requests are decoding)
+                + (chunks ahead + own chunks) x decode step seconds at (running + ahead + 1) rows
                 + the engine's own time before the model (learned: the mean of actual - predicted)
 
-with the rates the scheduler measures while serving. Over the SLO, or with `max_queue`
-requests already waiting for their first token, the request is refused with a retry time.
+with the rates the scheduler measures while serving. Over the SLO, with `max_queue` requests
+already waiting for their first token, or while one admitted earlier has waited longer than
+the SLO (the prediction is evidently behind), the request is refused with a retry time.
 Answer-cache hits and the flow's own questions never reach this point: they cost no model time.
+
+`saturated` answers the same question for a request that would prefill nothing, before any
+work: the server refuses at once (well under 50 ms) a turn that surely needs the model, and
+lets through the turns the answer cache may serve.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 from ..model.scheduler import RATE_WEIGHT, Scheduler
@@ -41,6 +47,7 @@ class Ticket:
     predicted_s: float | None = None  # None: the request never needed the model
     model_s: float = 0.0  # the part the scheduler's rates predict, without the learned overhead
     waiting: bool = False
+    admitted_at: float = 0.0
 
     def admit(self, prefill_tokens: int) -> None:
         self.control._admit(self, prefill_tokens)
@@ -87,27 +94,44 @@ class AdmissionControl:
     def predict(self, prefill_tokens: int, ahead: list[int]) -> float:
         """The model's part of the time to first token of a request prefilling `prefill_tokens`
         behind requests prefilling `ahead`, at the scheduler's rates of late."""
-        rates, chunk = self.scheduler.rates, self.scheduler.prefill_chunk
+        scheduler = self.scheduler
+        rates, chunk = scheduler.rates, scheduler.prefill_chunk
         per_token = rates.prefill_s_per_token or 0.0
         steps = sum(math.ceil(tokens / chunk) for tokens in (*ahead, prefill_tokens))
-        decoding = self.scheduler.running > 0 or bool(ahead)
-        step_s = (rates.decode_step_s or 0.0) if decoding else 0.0
+        running = scheduler.running
+        rows = min(scheduler.max_batch, running + len(ahead) + 1)
+        step_s = rates.decode_step(rows) if running or ahead else 0.0
         return (sum(ahead) + prefill_tokens) * per_token + steps * step_s
+
+    def saturated(self) -> Overloaded | None:
+        """Why even a request with nothing to prefill would be refused now, if it would."""
+        with self._lock:
+            return self._refusal(self.predict(0, list(self._waiting.values())) + self.overhead_s)
+
+    def _refusal(self, predicted: float) -> Overloaded | None:
+        """The refusal for a request predicted at `predicted` seconds, given the queue (lock held)."""
+        if len(self._waiting) >= self.max_queue:
+            return Overloaded("queue", max(1.0, predicted), f"{len(self._waiting)} requests are already waiting for the model.")
+        if self.slo_s is None:
+            return None
+        if predicted > self.slo_s:
+            return Overloaded(
+                "slo", max(1.0, predicted - self.slo_s), f"The first token is predicted in {predicted:.1f} s, over the {self.slo_s:g} s target."
+            )
+        oldest = min((t.admitted_at for t in self._waiting), default=None)
+        if oldest is not None and (late := time.monotonic() - oldest) > self.slo_s:
+            return Overloaded("slo", max(1.0, late - self.slo_s), f"A request admitted {late:.1f} s ago still waits for its first token.")
+        return None
 
     def _admit(self, ticket: Ticket, prefill_tokens: int) -> None:
         with self._lock:  # decided and queued together: a burst cannot all see the same empty queue
-            ahead = list(self._waiting.values())
-            model_s = self.predict(prefill_tokens, ahead)
+            model_s = self.predict(prefill_tokens, list(self._waiting.values()))
             predicted = model_s + self.overhead_s
-            if len(ahead) >= self.max_queue:
-                raise Overloaded("queue", max(1.0, predicted), f"{len(ahead)} requests are already waiting for the model.")
-            if self.slo_s is not None and predicted > self.slo_s:
-                raise Overloaded(
-                    "slo",
-                    max(1.0, predicted - self.slo_s),
-                    f"The first token is predicted in {predicted:.1f} s, over the {self.slo_s:g} s target.",
-                )
+            refusal = self._refusal(predicted)
+            if refusal is not None:
+                raise refusal
             ticket.predicted_s, ticket.model_s, ticket.waiting = predicted, model_s, True
+            ticket.admitted_at = time.monotonic()
             self._waiting[ticket] = prefill_tokens
 
     def _leave(self, ticket: Ticket) -> None:

@@ -184,6 +184,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         server = await asyncio.to_thread(build_server, settings, chat_model, embedder)
         holder.append(server)
+        app.state.server = server  # for operators' and tests' introspection
         await asyncio.to_thread(_warm_up, server)
         try:
             yield
@@ -252,18 +253,29 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             if len(body.messages) != 1 or body.messages[0].role != "user":
                 raise ApiError(400, "With X-Session-Id the server keeps the conversation: send only the new user message.", "invalid_request_error", "invalid_request")
             stored = _stored(tenant, x_session_id)
+            new = await asyncio.to_thread(_is_new, s, stored)
 
             def start(ticket: Ticket) -> ReplyStream:
                 return engine.stream(stored, body.messages[0].message().content, **options, admit=ticket.admit)
 
-            return await _answer(s, start, body, s.hold_session(stored), x_session_id)
+            def refused() -> None:  # a refused first turn leaves no empty session behind
+                if new and not s.tenants.store.messages(stored, limit=1):
+                    s.tenants.store.delete_session(stored)
+
+            def cache_may_serve() -> bool:
+                return engine.may_answer_without_model(body.messages[0].message().content, session_id=stored, temperature=body.temperature)
+
+            return await _answer(s, start, cache_may_serve, body, s.hold_session(stored), x_session_id, refused)
         messages = [m.message() for m in body.messages]
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
 
         def start_given(ticket: Ticket) -> ReplyStream:
             return engine.complete(messages, kv_key=key, **options, admit=ticket.admit)
 
-        return await _answer(s, start_given, body, lambda: None, None)
+        def given_may_skip() -> bool:
+            return engine.may_answer_without_model(messages[-1].content, messages=messages, temperature=body.temperature)
+
+        return await _answer(s, start_given, given_may_skip, body, lambda: None, None)
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: schemas.SessionCreate | None = None, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -313,7 +325,10 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         def start(ticket: Ticket) -> ReplyStream:
             return engine.stream(stored, body.content, **body.options(s.settings.max_tokens), admit=ticket.admit)
 
-        return await _answer(s, start, body, s.hold_session(stored), session_id)
+        def cache_may_serve() -> bool:
+            return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature)
+
+        return await _answer(s, start, cache_may_serve, body, s.hold_session(stored), session_id)
 
     @app.delete("/v1/sessions/{session_id}")
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -333,6 +348,14 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         return HTMLResponse(resources.files("chatcache.serving").joinpath("static/chat.html").read_text(encoding="utf-8"))
 
     return app
+
+
+def _is_new(s: Server, stored: str) -> bool:
+    try:
+        s.tenants.store.get_session(stored)
+    except UnknownSessionError:
+        return True
+    return False
 
 
 def _stored(tenant: str, session_id: str) -> str:
@@ -369,18 +392,38 @@ def _turn_figures(meta: dict[str, Any] | None) -> dict[str, Any]:
     """What a stored reply says about how it was served (the web page's per-turn figures)."""
     if not meta:
         return {}
-    return {"served": {k: meta[k] for k in ("tier", "finish_reason", "ttft_s", "intent", "drift") if k in meta}}
+    served = {k: meta[k] for k in SERVED_FIGURES if k in meta}
+    if isinstance(served.get("ttft_s"), float):
+        served["ttft_s"] = round(served["ttft_s"], 4)  # as the live figures show it
+    if isinstance(meta.get("token_ids"), list):
+        served["generated_tokens"] = len(meta["token_ids"])
+    return {"served": served}
+
+
+SERVED_FIGURES = ("tier", "finish_reason", "ttft_s", "intent", "drift", "reused_tokens", "prefilled_tokens", "answer_cache_hit")
 
 
 async def _answer(
     s: Server,
     start: Callable[[Ticket], ReplyStream],
+    may_skip_model: Callable[[], bool],
     body: schemas.Generation,
     release: Callable[[], None],
     session_id: str | None,
+    refused: Callable[[], None] = lambda: None,
 ) -> JSONResponse | StreamingResponse:
-    """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed."""
+    """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed.
+
+    While even a turn with nothing to prefill would be refused, a turn that surely needs the
+    model is refused at once, before the engine does any work (its 429 in a few milliseconds);
+    one the answer cache may serve goes on, and admission decides once its prefill is known.
+    """
     arrived = time.perf_counter()
+    refusal = s.admission.saturated()
+    if refusal is not None and not await asyncio.to_thread(may_skip_model):
+        release()
+        s.metrics.rejections.labels(refusal.reason).inc()
+        raise api_error(refusal)
     ticket = s.admission.ticket()
     try:
         stream = AsyncReplyStream(start(ticket))
@@ -393,6 +436,7 @@ async def _answer(
         release()
         if isinstance(error, Overloaded):
             s.metrics.rejections.labels(error.reason).inc()
+            await asyncio.to_thread(refused)
         if isinstance(error, asyncio.CancelledError):
             raise
         raise api_error(error) from None

@@ -125,6 +125,7 @@ def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None)
     return {
         "session_id": session_id,
         "tier": stats.tier,
+        "finish_reason": stats.finish_reason,
         "answer_cache_hit": stats.answer_cache_hit,
         "drift": stats.drift,
         "intent": reply.intent,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import uvicorn
 
-from chatcache.serving import ServeSettings, create_app
+from chatcache.serving import ServeSettings, create_app, served_model_id
 
 KEY_A = "key-tenant-a-0123456789"
 KEY_B = "key-tenant-b-0123456789"
@@ -27,6 +27,7 @@ KEY_B = "key-tenant-b-0123456789"
 @dataclass
 class LiveServer:
     url: str
+    app: Any
     server: uvicorn.Server
     thread: threading.Thread
     model_id: str
@@ -45,10 +46,11 @@ def serve(tiny_model, tiny_model_dir: Path, tmp_path: Path, toy_embed) -> Iterat
     started: list[LiveServer] = []
     counter = itertools.count()
 
-    def start(**settings: Any) -> LiveServer:
+    def start(chat_model: Any = None, embedder: Any = None, **settings: Any) -> LiveServer:
+        """A server on the tiny model and the toy embedder, or on the ones given (the bundled models)."""
         settings.setdefault("db", f"sqlite:///{tmp_path}/serve-{next(counter)}.db")
-        settings.setdefault("model", str(tiny_model_dir))
-        app = create_app(ServeSettings(**settings), chat_model=tiny_model, embedder=toy_embed)
+        settings.setdefault("model", chat_model.name if chat_model is not None else str(tiny_model_dir))
+        app = create_app(ServeSettings(**settings), chat_model=chat_model or tiny_model, embedder=embedder or toy_embed)
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -58,7 +60,8 @@ def serve(tiny_model, tiny_model_dir: Path, tmp_path: Path, toy_embed) -> Iterat
                 raise RuntimeError("the server did not start")
             time.sleep(0.05)
         port = server.servers[0].sockets[0].getsockname()[1]
-        live = LiveServer(f"http://127.0.0.1:{port}", server, thread, tiny_model_dir.name)
+        model_id = served_model_id(settings["model"])
+        live = LiveServer(f"http://127.0.0.1:{port}", app, server, thread, model_id)
         started.append(live)
         return live
 

@@ -1,0 +1,154 @@
+"""Admission control: a predicted TTFT from the queue and measured rates; refused turns record nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from chatcache.model.scheduler import Scheduler, StepRates
+from chatcache.serving.admission import AdmissionControl, Overloaded
+from chatcache.steering.hcac import TurnContext
+
+
+@pytest.fixture
+def scheduler(tiny_model):  # type: ignore[no-untyped-def]
+    worker = Scheduler(tiny_model.model, prefill_chunk=512)
+    worker.rates = StepRates(prefill_s_per_token=0.001, decode_step_s={1: 0.01})
+    yield worker
+    worker.close()
+
+
+def test_the_prediction_counts_the_chunks_ahead_and_the_decode_steps_between_them(scheduler) -> None:  # type: ignore[no-untyped-def]
+    control = AdmissionControl(scheduler, slo_s=None, max_queue=8)
+    assert control.predict(100, ahead=[]) == pytest.approx(0.1)  # nothing decoding: the prefill alone
+    # 500 + 1,000 tokens at 1 ms, in 1 + 2 chunks of 512, each step also decoding: 1.5 s + 3 x 10 ms.
+    assert control.predict(1000, ahead=[500]) == pytest.approx(1.53)
+
+
+def test_a_decode_step_is_read_off_the_line_through_the_nearest_measured_batch_sizes() -> None:
+    rates = StepRates(decode_step_s={1: 0.1, 8: 0.3, 16: 0.7})
+    assert rates.decode_step(8) == pytest.approx(0.3)
+    assert rates.decode_step(4) == pytest.approx(0.1 + 3 * 0.2 / 7)
+    assert rates.decode_step(12) == pytest.approx(0.5)
+    assert rates.decode_step(32) == pytest.approx(1.5)  # beyond: the slope of the last two
+    assert StepRates(decode_step_s={4: 0.2}).decode_step(16) == pytest.approx(0.2)
+    assert StepRates().decode_step(3) == 0.0
+
+
+def test_admitted_requests_queue_until_their_first_token_and_the_queue_and_slo_refuse(scheduler) -> None:  # type: ignore[no-untyped-def]
+    control = AdmissionControl(scheduler, slo_s=1.0, max_queue=2)
+    first, second, third = control.ticket(), control.ticket(), control.ticket()
+    first.admit(400)
+    assert first.predicted_s == pytest.approx(0.4) and control.waiting == 1
+    second.admit(400)  # 0.8 s of prefill, one chunk of decode each: 0.82 s
+    assert second.predicted_s == pytest.approx(0.82)
+    with pytest.raises(Overloaded) as refused:
+        third.admit(10)
+    assert refused.value.reason == "queue" and refused.value.retry_after_s >= 1
+    assert first.started(actual_ttft_s=0.5) == pytest.approx(0.1)  # actual - predicted
+    assert control.waiting == 1
+    with pytest.raises(Overloaded) as late:
+        third.admit(800)  # 400 ahead + 800 = 1.2 s of prefill, over the 1 s SLO
+    assert late.value.reason == "slo" and control.waiting == 1
+    second.close()
+    third.admit(800 - 100)
+    assert control.waiting == 1
+
+
+def test_the_engines_own_time_is_learned_from_actual_first_tokens(scheduler) -> None:  # type: ignore[no-untyped-def]
+    control = AdmissionControl(scheduler, slo_s=None, max_queue=8)
+    for _ in range(30):
+        ticket = control.ticket()
+        ticket.admit(100)  # the rates predict 0.1 s; the first token keeps coming after 0.3 s
+        ticket.started(0.3)
+    ticket = control.ticket()
+    ticket.admit(100)
+    assert ticket.predicted_s == pytest.approx(0.3, abs=0.01)
+
+
+def test_a_refused_turn_gets_429_with_retry_after_and_records_nothing(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(ttft_slo=1e-6, answer_cache=False, drift=False)  # every turn that needs the model is over it
+    body = {"model": live.model_id, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4}
+    with live.client() as http:
+        refused = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "new"})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "slo"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert http.get("/v1/sessions/new").status_code == 404  # not even an empty session
+        assert http.post("/v1/sessions", json={"id": "old"}).status_code == 201
+        stream = http.post("/v1/sessions/old/messages", json={"content": "Hello", "stream": True})
+        assert stream.status_code == 429  # refused before the stream starts
+        assert http.get("/v1/sessions/old").json()["messages"] == []
+        metrics = http.get("/metrics").text
+    assert 'chatcache:rejections_total{reason="slo"} 2.0' in metrics
+
+
+def test_the_queue_bound_refuses_under_real_concurrency(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(max_queue=1, answer_cache=False, drift=False)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        with httpx.Client(base_url=live.url, timeout=120) as http:
+            body = {"model": live.model_id, "messages": [{"role": "user", "content": "Tell me a long story " * 20}], "max_tokens": 32}
+            status = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": f"c{index}"}).status_code
+            with lock:
+                statuses.append(status)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 1 and statuses.count(429) >= 1
+    with live.client() as http:
+        kept = {s["id"] for s in http.get("/v1/sessions").json()["data"]}
+    assert len(kept) == statuses.count(200)  # the refused ones left nothing
+
+
+def fill_queue(live) -> None:  # type: ignore[no-untyped-def]
+    """Admit tickets that never start: the model looks saturated to every new request."""
+    admission = live.app.state.server.admission
+    for _ in range(admission.max_queue):
+        admission.ticket().admit(10)
+
+
+def test_while_saturated_a_turn_that_needs_the_model_is_refused_before_the_engine_runs(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    live = serve(max_queue=2, answer_cache=True, drift=False)
+    engine = live.app.state.server.tenants("default")
+    started: list[str] = []
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda *a, **k: started.append("stream") or stream(*a, **k))
+    with live.client() as http:
+        http.post("/v1/sessions", json={"id": "s"})
+        fill_queue(live)
+        refused = http.post("/v1/sessions/s/messages", json={"content": "What are your opening hours?"})
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue"
+        assert started == [] and http.get("/v1/sessions/s").json()["messages"] == []
+        # An exact repeat of a cached question may be served: it goes on to the engine.
+        scope = engine.answers.scope(engine.conversations.open("default/s", create=False), TurnContext(), "What are your opening hours?")
+        engine.answer_cache.store("What are your opening hours?", "Nine to five.", scope.scope, entropy_bits=0.1, latency_ms=100, embedding=None)
+        served = http.post("/v1/sessions/s/messages", json={"content": "What are your opening hours?"})
+        assert served.status_code == 200, served.text
+        assert served.json()["choices"][0]["message"]["content"] == "Nine to five." and started == ["stream"]
+        paraphrase = http.post("/v1/sessions/s/messages", json={"content": "When do you open?"})
+        assert paraphrase.status_code == 429  # telling a paraphrase from a miss would take the embedder's time
+
+
+@pytest.mark.bundled
+def test_an_answer_cache_hit_is_served_while_the_model_is_saturated(serve, bundled_model) -> None:  # type: ignore[no-untyped-def]
+    live = serve(chat_model=bundled_model, answer_cache=True, drift=False,
+                 system_prompt="You are a concise assistant. Answer in one short sentence.")  # fmt: skip
+    body = {"model": live.model_id, "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 48}
+    with live.client() as http:
+        first = http.post("/v1/chat/completions", json=body).json()
+        assert first["choices"][0]["finish_reason"] == "stop"
+        fill_queue(live)
+        other = {**body, "messages": [{"role": "user", "content": "Name a large river."}]}
+        assert http.post("/v1/chat/completions", json=other).status_code == 429
+        again = http.post("/v1/chat/completions", json=body)
+        assert again.status_code == 200 and again.json()["chatcache"]["answer_cache_hit"] is True
+        assert again.json()["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+
