@@ -1,0 +1,63 @@
+"""`/metrics` carries vLLM's names under `chatcache:` and our tiers'; `/health` and `/ready`."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def samples(text: str) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "le")
+            if "le" not in sample.labels:
+                found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return found
+
+
+def test_metrics_count_what_the_turns_did(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(answer_cache=False, drift=False)
+    with live.client() as http:
+        before = samples(http.get("/metrics").text)
+        replies = [
+            http.post(
+                "/v1/chat/completions",
+                json={"model": live.model_id, "messages": [{"role": "user", "content": text}], "max_tokens": 5},
+                headers={"X-Session-Id": "m"},
+            ).json()
+            for text in ("Hello there", "And again")
+        ]
+        after = samples(http.get("/metrics").text)
+    generated = sum(r["usage"]["completion_tokens"] for r in replies)
+    prompt = sum(r["usage"]["prompt_tokens"] for r in replies)
+    cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies)
+
+    def grew(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert grew("chatcache:generation_tokens_total") == generated
+    assert grew("chatcache:prompt_tokens_total") == prompt == grew("chatcache:prefix_cache_queries_total")
+    assert grew("chatcache:prefix_cache_hits_total") == cached > 0
+    assert grew("chatcache:time_to_first_token_seconds_count") == 2
+    assert grew("chatcache:e2e_request_latency_seconds_count") == 2
+    assert grew("chatcache:inter_token_latency_seconds_count") == generated - 2
+    assert grew("chatcache:ttft_prediction_error_seconds_count") == 2
+    assert grew('chatcache:turns_served_total{tier="session"}') == 1
+    assert after["chatcache:num_requests_running"] == 0 and after["chatcache:num_requests_waiting"] == 0
+    assert 0 < after["chatcache:kv_cache_usage_perc"] < 1
+    for name in ("chatcache:kv_spills_total", "chatcache:kv_restores_total", "chatcache:answer_cache_lookups_total",
+                 "chatcache:answer_cache_hits_total", "chatcache:drift_events_total", "chatcache:promotions_total"):  # fmt: skip
+        assert name in after, name
+
+
+def test_health_and_ready(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(answer_cache=False, drift=False)
+    with live.client() as http:
+        assert http.get("/health").json() == {"status": "ok"}
+        ready = http.get("/ready").json()
+        assert ready["status"] == "ready" and ready["model"] == live.model_id
+        live.app.state.server.tenants.store.close()  # a pool closed under it reopens: still ready
+        assert http.get("/ready").status_code == 200
+        assert re.search(r"chatcache:num_requests_running \d", http.get("/metrics").text)
