@@ -152,3 +152,14 @@ def test_an_answer_cache_hit_is_served_while_the_model_is_saturated(serve, bundl
         assert again.status_code == 200 and again.json()["chatcache"]["answer_cache_hit"] is True
         assert again.json()["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
 
+
+
+def test_each_api_key_has_its_own_request_rate(serve, keys_file) -> None:  # type: ignore[no-untyped-def]
+    from .conftest import KEY_A, KEY_B
+
+    live = serve(api_key_file=keys_file, rate_limit=0.01, rate_burst=2, answer_cache=False, drift=False)
+    with live.client(KEY_A) as a, live.client(KEY_B) as b:
+        assert [a.get("/v1/sessions").status_code for _ in range(3)] == [200, 200, 429]
+        limited = a.get("/v1/sessions")
+        assert limited.json()["error"]["code"] == "rate" and int(limited.headers["retry-after"]) >= 1
+        assert b.get("/v1/sessions").status_code == 200

@@ -1,0 +1,67 @@
+"""`chatcache serve` settings: flags over environment over the config file, checked before the model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from chatcache.cli import main
+from chatcache.serving import ServeSettings
+from chatcache.serving.keys import DEFAULT_TENANT, KeyFileError, TokenBucket
+
+
+def test_flags_override_the_environment_which_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("port: 9001\nttft_slo: 4\nmax_queue: 7\n")
+    monkeypatch.setenv("CHATCACHE_TTFT_SLO", "2.5")
+    settings = ServeSettings.load(config, port=9100, max_queue=None)
+    assert (settings.port, settings.ttft_slo, settings.max_queue) == (9100, 2.5, 7)
+
+
+@pytest.mark.parametrize(("text", "field"), [("port: 99999\n", "port"), ("ttft_slo: -1\n", "ttft_slo"), ("prot: 1\n", "prot")])
+def test_a_bad_setting_in_the_file_names_itself(tmp_path: Path, text: str, field: str) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text(text)
+    with pytest.raises(ValidationError, match=field):
+        ServeSettings.load(config)
+
+
+def test_key_lines_map_keys_to_tenants_and_bad_lines_say_where(tmp_path: Path) -> None:
+    keys = ServeSettings(api_keys="key-for-acme-0000001 acme;key-for-globex-00001 globex").keys()
+    assert keys.required and keys.tenants == {"acme", "globex"}
+    assert keys.tenant_of("key-for-acme-0000001") == "acme"
+    assert keys.tenant_of("key-for-acme-0000002") is None and keys.tenant_of(None) is None
+    assert ServeSettings().keys().tenant_of(None) == DEFAULT_TENANT  # no keys: one open tenant
+    path = tmp_path / "keys.txt"
+    for text, problem in (
+        ("# comment\nkey-for-acme-0000001 acme extra\n", "line 2: expected 'KEY TENANT'"),
+        ("short acme\n", "at least 16"),
+        ("key-for-acme-0000001 acme/evil\n", "tenant 'acme/evil'"),
+        ("key-for-acme-0000001 a\nkey-for-acme-0000001 b\n", "line 2: this key is already given"),
+    ):
+        path.write_text(text)
+        with pytest.raises(KeyFileError, match=problem):
+            ServeSettings(api_key_file=path).keys()
+
+
+def test_a_token_bucket_lets_a_burst_through_then_the_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr("chatcache.serving.keys.time.monotonic", lambda: now[0])
+    bucket = TokenBucket(rate=2.0, burst=3)
+    assert [bucket.take("k") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.take("k") == pytest.approx(0.5) and bucket.take("other") == 0.0
+    now[0] += 0.5
+    assert bucket.take("k") == 0.0
+
+
+def test_serve_refuses_bad_settings_before_loading_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "port" in capsys.readouterr().err
+    keys = tmp_path / "keys.txt"
+    keys.write_text("too short\n")
+    assert main(["serve", "--api-key-file", str(keys)]) == 2
+    assert "line 1" in capsys.readouterr().err
+    assert main(["serve", "--api-key-file", str(tmp_path / "missing.txt")]) == 2
+    assert "not a readable file" in capsys.readouterr().err
