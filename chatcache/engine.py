@@ -29,7 +29,7 @@ from .answer_cache.answering import AnswerScope, CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .tiers.conversations import Conversation, Conversations, check_storable
 from .steering.drift import DriftConfig
-from .errors import InvalidMessageError
+from .errors import ContextWindowError, InvalidMessageError
 from .model.generation import prefill
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .tiers.kv import kv_bytes_per_token
@@ -612,7 +612,7 @@ class ChatEngine:
         """Refuse a message that cannot fit the context window even with no history."""
         alone = self.renderer.conversation_ids([*([system] if system else []), user], RenderedSegments())
         if len(alone) > self.context_window - max_new_tokens:
-            raise InvalidMessageError(
+            raise ContextWindowError(
                 f"The message is {len(alone) - len(self._system_ids)} tokens; with the system prompt "
                 f"({len(self._system_ids)} tokens) and {max_new_tokens} reply tokens it exceeds the "
                 f"context window of {self.context_window}. Shorten it or lower max_new_tokens."
@@ -625,7 +625,7 @@ class ChatEngine:
             return self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens)
         prompt = self.renderer.conversation_ids([*conversation.window(), turn.user], RenderedSegments())
         if len(prompt) + turn.params.max_new_tokens > self.context_window:
-            raise InvalidMessageError(
+            raise ContextWindowError(
                 f"The conversation is {len(prompt)} tokens; with {turn.params.max_new_tokens} reply tokens it exceeds "
                 f"the context window of {self.context_window}. Send fewer or shorter messages, or lower max_new_tokens."
             )

@@ -15,6 +15,7 @@ from storage.errors import (
 __all__ = [
     "ChatCacheError",
     "ConfigError",
+    "ContextWindowError",
     "CorruptDatabaseError",
     "InvalidIdError",
     "InvalidMessageError",
@@ -36,6 +37,10 @@ class ModelNotFoundError(ChatCacheError, ValueError):
 class InvalidMessageError(ChatCacheError, ValueError):
     """A user message that cannot be answered: empty, longer than the context window, or
     holding a character no database can store (a NUL, a lone surrogate)."""
+
+
+class ContextWindowError(InvalidMessageError):
+    """A message or conversation that cannot fit the model's context window (the token counts say by how much)."""
 
 
 class ConfigError(ChatCacheError, ValueError):

@@ -1,6 +1,7 @@
 """`chatcache serve`: the bot as an OpenAI-compatible HTTP service with admission control and metrics."""
 
-from .app import Server, build_server, create_app, served_model_id
+from .app import create_app
+from .server import Server, build_server, served_model_id
 from .settings import ServeSettings
 
 __all__ = ["Server", "ServeSettings", "build_server", "create_app", "served_model_id"]

@@ -11,17 +11,10 @@ the turn in the metrics. Every error a client can cause is a 4xx in OpenAI's err
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-import math
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Header, Request
@@ -30,150 +23,20 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from storage import (
-    LeaseLostError,
-    SessionBusyError,
-    SessionClosedError,
-    SessionExistsError,
-    StaleVersionError,
-    StorageBusyError,
-    StorageError,
-    UnknownSessionError,
-)
+from storage import StorageError, UnknownSessionError
 
-from ..config import TokenTierConfig, default_data_dir
-from ..engine import ChatEngine, conversation_key
+from ..engine import conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
-from ..model.loading import ChatModel, load_chat_model, load_embedder
-from ..reply import AsyncReplyStream, Reply, ReplyStream
-from ..steering.hcac import Embed, sentence_embed
+from ..model.loading import ChatModel
+from ..reply import ReplyStream
+from ..steering.hcac import Embed
 from . import schemas
-from .admission import AdmissionControl, Overloaded, Ticket
-from .keys import ApiKeys, TokenBucket
-from .metrics import ServerMetrics
+from .admission import Ticket
+from .errors import ApiError, api_error, error_body
+from .server import Server, build_server, warm_up
 from .settings import ServeSettings
-from .tenants import TenantEngines, client_id, stored_id
-
-log = logging.getLogger("chatcache.serve")
-DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
-
-
-class ApiError(Exception):
-    """A request the server refuses, in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, kind: str, code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.code, self.headers = status, kind, code, headers or {}
-
-
-def _error_body(message: str, kind: str, code: str | None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
-def api_error(error: BaseException) -> ApiError:
-    """The 4xx (or 503) a client gets for `error`; anything else is a bug (500)."""
-    if isinstance(error, ApiError):
-        return error
-    if isinstance(error, Overloaded):
-        retry = str(math.ceil(error.retry_after_s))
-        return ApiError(429, f"{error} Retry after {retry} s.", "rate_limit_exceeded", error.reason, {"Retry-After": retry})
-    if isinstance(error, UnknownSessionError):
-        return ApiError(404, "No such session.", "not_found_error", "session_not_found")
-    if isinstance(error, SessionClosedError):
-        return ApiError(409, "This session has ended; start a new one.", "conflict_error", "session_ended")
-    if isinstance(error, (SessionExistsError, SessionBusyError)):
-        return ApiError(409, str(error), "conflict_error", "session_conflict")
-    if isinstance(error, (StorageBusyError, LeaseLostError, StaleVersionError)):
-        return ApiError(503, f"{error} Try again.", "service_unavailable", "storage_busy", {"Retry-After": "1"})
-    if isinstance(error, (ChatCacheError, StorageError, ValueError)):
-        code = "context_length_exceeded" if "context window" in str(error) else "invalid_request"
-        return ApiError(400, str(error), "invalid_request_error", code)
-    raise error
-
-
-@dataclass
-class Server:
-    """Everything one running server owns; built at startup, closed at shutdown."""
-
-    settings: ServeSettings
-    keys: ApiKeys
-    chat_model: ChatModel
-    model_id: str
-    tenants: TenantEngines
-    admission: AdmissionControl
-    metrics: ServerMetrics
-    bucket: TokenBucket | None
-    owns_model: bool
-    _busy: set[str] = field(default_factory=set)
-    _busy_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def authenticate(self, authorization: str | None) -> tuple[str, str]:
-        """The request's tenant and the key that names it, after its rate token was taken."""
-        key = authorization.removeprefix("Bearer ").strip() if authorization else None
-        tenant = self.keys.tenant_of(key)
-        if tenant is None:
-            self.metrics.rejections.labels("auth").inc()
-            raise ApiError(401, "A valid API key is required: send 'Authorization: Bearer KEY'.", "authentication_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-        limiter_key = key or tenant
-        if self.bucket is not None and (wait := self.bucket.take(limiter_key)) > 0:
-            self.metrics.rejections.labels("rate").inc()
-            raise api_error(Overloaded("rate", wait, "This key is over its request rate."))
-        return tenant, limiter_key
-
-    def hold_session(self, stored: str) -> Callable[[], None]:
-        """Under the `reject` policy, claim the session for one turn (409 while another runs)."""
-        if self.settings.busy_session != "reject":
-            return lambda: None
-        with self._busy_lock:
-            if stored in self._busy:
-                self.metrics.rejections.labels("session_busy").inc()
-                raise ApiError(409, "This session's previous turn is still running.", "conflict_error", "session_busy")
-            self._busy.add(stored)
-
-        def release() -> None:
-            with self._busy_lock:
-                self._busy.discard(stored)
-
-        return release
-
-    def close(self) -> None:
-        self.tenants.close()
-        if self.owns_model:
-            self.chat_model.close()
-
-
-def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, embedder: str | Embed = "bundled") -> Server:
-    """Load the model (unless given), open the database, and make the shared parts every tenant's engine uses."""
-    from storage import SessionStore
-
-    keys = settings.keys()
-    owns_model = chat_model is None
-    model = chat_model or load_chat_model(settings.model)
-    store = SessionStore(settings.db) if settings.db else SessionStore.open(default_data_dir())
-    token_tier = ChatEngine.build_token_tier(model, TokenTierConfig(spill_dir=default_data_dir() / "kv"))
-    needs_embedder = settings.answer_cache or settings.drift or settings.bot is not None
-    embed = embedder if callable(embedder) or not needs_embedder else sentence_embed(load_embedder(embedder))
-    system_prompt = settings.system_prompt or (None if settings.bot else DEFAULT_SYSTEM_PROMPT)
-
-    def engine_of(tenant: str) -> ChatEngine:
-        return ChatEngine(
-            model, system_prompt=system_prompt, answer_cache=settings.answer_cache, drift=settings.drift,
-            token_tier=token_tier, store=store, bot=settings.bot, user_id=tenant, embedder=embed, tenant=tenant,
-        )  # fmt: skip
-
-    tenants = TenantEngines(engine_of, store, token_tier)
-    admission = AdmissionControl(model.scheduler, settings.ttft_slo, settings.max_queue)
-    metrics = ServerMetrics(model.scheduler, token_tier, tenants.engines, lambda: admission.waiting)
-    bucket = TokenBucket(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None
-    return Server(settings, keys, model, served_model_id(model.name), tenants, admission, metrics, bucket, owns_model)
-
-
-def served_model_id(name: str) -> str:
-    """The id `/v1/models` lists: the bundled model's own name, a local directory's name, or the hub id."""
-    if name == "bundled":
-        return "SmolLM2-135M-Instruct"
-    path = Path(name)
-    return path.name if path.is_dir() else name
+from .tenants import client_id, stored_id
+from .turns import answer_turn
 
 
 def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, embedder: str | Embed = "bundled") -> FastAPI:
@@ -185,7 +48,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         server = await asyncio.to_thread(build_server, settings, chat_model, embedder)
         holder.append(server)
         app.state.server = server  # for operators' and tests' introspection
-        await asyncio.to_thread(_warm_up, server)
+        await asyncio.to_thread(warm_up, server)
         try:
             yield
         finally:
@@ -200,16 +63,16 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(_error_body(str(error), error.kind, error.code), error.status, headers=error.headers)
+        return JSONResponse(error_body(str(error), error.kind, error.code), error.status, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in error.errors())
-        return JSONResponse(_error_body(f"Invalid request: {problems}", "invalid_request_error", "invalid_request"), 400)
+        return JSONResponse(error_body(f"Invalid request: {problems}", "invalid_request_error", "invalid_request"), 400)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, error: HTTPException) -> JSONResponse:
-        return JSONResponse(_error_body(str(error.detail), "invalid_request_error", None), error.status_code, headers=error.headers)
+        return JSONResponse(error_body(str(error.detail), "invalid_request_error", None), error.status_code, headers=error.headers)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -265,7 +128,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             def cache_may_serve() -> bool:
                 return engine.may_answer_without_model(body.messages[0].message().content, session_id=stored, temperature=body.temperature)
 
-            return await _answer(s, start, cache_may_serve, body, s.hold_session(stored), x_session_id, refused)
+            return await answer_turn(s, start, cache_may_serve, body, s.hold_session(stored), x_session_id, refused)
         messages = [m.message() for m in body.messages]
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
 
@@ -275,7 +138,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         def given_may_skip() -> bool:
             return engine.may_answer_without_model(messages[-1].content, messages=messages, temperature=body.temperature)
 
-        return await _answer(s, start_given, given_may_skip, body, lambda: None, None)
+        return await answer_turn(s, start_given, given_may_skip, body, lambda: None, None)
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: schemas.SessionCreate | None = None, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -328,7 +191,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         def cache_may_serve() -> bool:
             return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature)
 
-        return await _answer(s, start, cache_may_serve, body, s.hold_session(stored), session_id)
+        return await answer_turn(s, start, cache_may_serve, body, s.hold_session(stored), session_id)
 
     @app.delete("/v1/sessions/{session_id}")
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -401,102 +264,3 @@ def _turn_figures(meta: dict[str, Any] | None) -> dict[str, Any]:
 
 
 SERVED_FIGURES = ("tier", "finish_reason", "ttft_s", "intent", "drift", "reused_tokens", "prefilled_tokens", "answer_cache_hit")
-
-
-async def _answer(
-    s: Server,
-    start: Callable[[Ticket], ReplyStream],
-    may_skip_model: Callable[[], bool],
-    body: schemas.Generation,
-    release: Callable[[], None],
-    session_id: str | None,
-    refused: Callable[[], None] = lambda: None,
-) -> JSONResponse | StreamingResponse:
-    """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed.
-
-    While even a turn with nothing to prefill would be refused, a turn that surely needs the
-    model is refused at once, before the engine does any work (its 429 in a few milliseconds);
-    one the answer cache may serve goes on, and admission decides once its prefill is known.
-    """
-    arrived = time.perf_counter()
-    refusal = s.admission.saturated()
-    if refusal is not None and not await asyncio.to_thread(may_skip_model):
-        release()
-        s.metrics.rejections.labels(refusal.reason).inc()
-        raise api_error(refusal)
-    ticket = s.admission.ticket()
-    try:
-        stream = AsyncReplyStream(start(ticket))
-        try:
-            first: str | None = await stream.__anext__()
-        except StopAsyncIteration:
-            first = None
-    except BaseException as error:
-        ticket.close()
-        release()
-        if isinstance(error, Overloaded):
-            s.metrics.rejections.labels(error.reason).inc()
-            await asyncio.to_thread(refused)
-        if isinstance(error, asyncio.CancelledError):
-            raise
-        raise api_error(error) from None
-    error_s = ticket.started(time.perf_counter() - arrived)
-    cid, model = schemas.completion_id(), s.model_id
-
-    def finish(reply: Reply) -> dict[str, Any]:
-        s.metrics.observe_turn(reply, time.perf_counter() - arrived, error_s)
-        return schemas.served(reply, session_id, ticket.predicted_s)
-
-    if not body.stream:
-        try:
-            async for _ in stream:  # the reply's text is what the turn recorded
-                pass
-        finally:
-            release()
-        reply = stream.reply
-        if reply is None:
-            raise ApiError(503, "The turn did not finish.", "service_unavailable", "unfinished")
-        return JSONResponse(schemas.completion(cid, model, reply, finish(reply)))
-
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    async def events() -> AsyncIterator[str]:
-        try:
-            yield _sse(schemas.chunk(cid, model, {"role": "assistant", "content": ""}))
-            if first:
-                yield _sse(schemas.chunk(cid, model, {"content": first}))
-            async for piece in stream:
-                yield _sse(schemas.chunk(cid, model, {"content": piece}))
-            reply = stream.reply
-            if reply is not None:
-                reason = schemas.FINISH_REASONS.get(reply.stats.finish_reason, "stop")
-                yield _sse(schemas.chunk(cid, model, {}, reason, chatcache=finish(reply)))
-                if include_usage:
-                    yield _sse({**schemas.chunk(cid, model, {}), "choices": [], "usage": schemas.usage(reply)})
-            yield "data: [DONE]\n\n"
-        except asyncio.CancelledError:  # the client went away: the turn keeps what was generated
-            await stream.aclose()
-            raise
-        except Exception as error:  # noqa: BLE001 - the status is sent: the error goes in the stream
-            log.exception("turn failed mid-stream")
-            yield _sse(_error_body(f"The turn failed: {error}", "server_error", None))
-            yield "data: [DONE]\n\n"
-        finally:
-            release()
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def _warm_up(server: Server) -> None:
-    """One short off-the-record answer, so the scheduler has measured its rates before the first client."""
-    from ..model.prompt import Message
-
-    engine = server.tenants(next(iter(sorted(server.keys.tenants))))
-    for _ in engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=4):
-        pass
-    engine.token_tier.drop("warm-up")
-

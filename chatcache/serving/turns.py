@@ -1,0 +1,108 @@
+"""One turn over HTTP: admission, the engine's reply stream, and the response, whole or streamed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..reply import AsyncReplyStream, Reply, ReplyStream
+from . import schemas
+from .admission import Overloaded, Ticket
+from .errors import ApiError, api_error, error_body
+from .server import Server
+
+log = logging.getLogger("chatcache.serve")
+
+
+async def answer_turn(
+    s: Server,
+    start: Callable[[Ticket], ReplyStream],
+    may_skip_model: Callable[[], bool],
+    body: schemas.Generation,
+    release: Callable[[], None],
+    session_id: str | None,
+    refused: Callable[[], None] = lambda: None,
+) -> JSONResponse | StreamingResponse:
+    """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed.
+
+    While even a turn with nothing to prefill would be refused, a turn that surely needs the
+    model is refused at once, before the engine does any work (its 429 in a few milliseconds);
+    one the answer cache may serve goes on, and admission decides once its prefill is known.
+    """
+    arrived = time.perf_counter()
+    refusal = s.admission.saturated()
+    if refusal is not None and not await asyncio.to_thread(may_skip_model):
+        release()
+        s.metrics.rejections.labels(refusal.reason).inc()
+        raise api_error(refusal)
+    ticket = s.admission.ticket()
+    try:
+        stream = AsyncReplyStream(start(ticket))
+        try:
+            first: str | None = await stream.__anext__()
+        except StopAsyncIteration:
+            first = None
+    except BaseException as error:
+        ticket.close()
+        release()
+        if isinstance(error, Overloaded):
+            s.metrics.rejections.labels(error.reason).inc()
+            await asyncio.to_thread(refused)
+        if isinstance(error, asyncio.CancelledError):
+            raise
+        raise api_error(error) from None
+    error_s = ticket.started(time.perf_counter() - arrived)
+    cid, model = schemas.completion_id(), s.model_id
+
+    def finish(reply: Reply) -> dict[str, Any]:
+        s.metrics.observe_turn(reply, time.perf_counter() - arrived, error_s)
+        return schemas.served(reply, session_id, ticket.predicted_s)
+
+    if not body.stream:
+        try:
+            async for _ in stream:  # the reply's text is what the turn recorded
+                pass
+        finally:
+            release()
+        reply = stream.reply
+        if reply is None:
+            raise ApiError(503, "The turn did not finish.", "service_unavailable", "unfinished")
+        return JSONResponse(schemas.completion(cid, model, reply, finish(reply)))
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            yield sse(schemas.chunk(cid, model, {"role": "assistant", "content": ""}))
+            if first:
+                yield sse(schemas.chunk(cid, model, {"content": first}))
+            async for piece in stream:
+                yield sse(schemas.chunk(cid, model, {"content": piece}))
+            reply = stream.reply
+            if reply is not None:
+                reason = schemas.FINISH_REASONS.get(reply.stats.finish_reason, "stop")
+                yield sse(schemas.chunk(cid, model, {}, reason, chatcache=finish(reply)))
+                if include_usage:
+                    yield sse({**schemas.chunk(cid, model, {}), "choices": [], "usage": schemas.usage(reply)})
+            yield "data: [DONE]\n\n"
+        except asyncio.CancelledError:  # the client went away: the turn keeps what was generated
+            await stream.aclose()
+            raise
+        except Exception as error:  # noqa: BLE001 - the status is sent: the error goes in the stream
+            log.exception("turn failed mid-stream")
+            yield sse(error_body(f"The turn failed: {error}", "server_error", None))
+            yield "data: [DONE]\n\n"
+        finally:
+            release()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
