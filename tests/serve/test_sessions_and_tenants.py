@@ -78,3 +78,15 @@ def test_answers_never_cross_tenants_over_http(serve, keys_file, bundled_model) 
         other = b.post("/v1/chat/completions", json=body).json()
         assert other["chatcache"]["answer_cache_hit"] is False and other["chatcache"]["tier"] != "answer"
         assert b.post("/v1/chat/completions", json=body).json()["chatcache"]["answer_cache_hit"] is True  # its own entry
+
+
+def test_a_handed_off_session_is_listed_as_such(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(bot="customer_service", answer_cache=False, drift=False)
+    with live.client() as http:
+        for session_id, text in (("human", "I want to talk to a human"), ("hours", "Hello there")):
+            http.post("/v1/sessions", json={"id": session_id})
+            assert http.post(f"/v1/sessions/{session_id}/messages", json={"content": text, "max_tokens": 4}).status_code == 200
+        handed = http.get("/v1/sessions", params={"handed_off": "true"}).json()["data"]
+        assert [s["id"] for s in handed] == ["human"] and handed[0]["dialogue_state"] == "HANDED_OFF"
+        assert [s["id"] for s in http.get("/v1/sessions", params={"handed_off": "false"}).json()["data"]] == ["hours"]
+        assert http.get("/v1/sessions/human").json()["handed_off"] is True
