@@ -61,3 +61,13 @@ def test_health_and_ready(serve) -> None:  # type: ignore[no-untyped-def]
         live.app.state.server.tenants.store.close()  # a pool closed under it reopens: still ready
         assert http.get("/ready").status_code == 200
         assert re.search(r"chatcache:num_requests_running \d", http.get("/metrics").text)
+
+
+def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(answer_cache=True, drift=True)
+    server = live.app.state.server
+    rates = server.chat_model.scheduler.rates
+    assert rates.prefill_s_per_token is not None and len(rates.decode_step_s) >= 2  # two batch sizes
+    engine = server.tenants("default")
+    assert engine.answer_cache.stats.stores == 0 and engine.store.list_sessions() == []
+    assert server.tenants.token_tier.stats().sessions_in_memory == 0
