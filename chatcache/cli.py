@@ -115,6 +115,8 @@ def _ask(args: argparse.Namespace) -> int:
                     "state": reply.dialogue_state,
                     "intent": reply.intent,
                     "confidence": reply.confidence,
+                    "action": reply.action.as_dict() | {"cached": False} if reply.action is not None else None,
+                    "handed_off": reply.dialogue_state == "HANDED_OFF",
                     "drift": reply.stats.drift,
                     "stats": reply.stats.as_dict(),
                 }

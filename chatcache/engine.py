@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dialog import BotDefinition, load_bot
+from dialog import ActionContext, ActionOutcome, Actions, BotDefinition, load_bot
 from storage import ChatSession, SessionStore, UnknownSessionError
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
@@ -89,6 +89,7 @@ class Turn:
     scope: AnswerScope | None = None
     stats: TurnStats = field(default_factory=TurnStats)
     reply: Message | None = None
+    action: ActionOutcome | None = None  # the flow's action this turn performed
     committed: bool = False
 
     @property
@@ -147,6 +148,7 @@ class ChatEngine:
     ) -> None:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
+        self.actions = Actions.load(self.bot) if self.bot is not None else None
         self.system_prompt = system_prompt or (self.bot.system_prompt if self.bot else None)
         self.tenant = tenant
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
@@ -536,10 +538,20 @@ class ChatEngine:
             turn.scope = self.answers.scope(conversation, turn.context, turn.text, bot=turn.bot)
 
     def _serve(self, conversation: Conversation, turn: Turn) -> Generator[str, None, None]:
-        """The reply: the flow's own question, a cached answer, or the model on the session's KV."""
+        """The reply: the flow's own question, its action's response, a cached answer, or the
+        model on the session's KV."""
         stats, params = turn.stats, turn.params
         hit = self.answers.lookup(turn.text, turn.scope, turn.context, params) if self.answers and turn.scope else None
-        if turn.context.bot_reply is not None:
+        if turn.context.action is not None and self.actions is not None and turn.context.intent is not None:
+            # The flow acts: the bot's code runs, and its response template is the reply.
+            self._record_user(conversation, turn)
+            slots = {str(k): str(v) for k, v in (conversation.dialogue or {}).get("slots", {}).items()}
+            who = ActionContext(self.tenant, self.conversations.user_id, turn.session_id, f"{turn.session_id}:{turn.user_seq}")
+            turn.action = self.actions.perform(turn.context.intent, slots, who)
+            stats.tier, stats.finish_reason, stats.ttft_s = "action", "action", time.perf_counter() - turn.started
+            yield turn.action.reply
+            turn.reply = Message("assistant", turn.action.reply)
+        elif turn.context.bot_reply is not None:
             # The flow needs a slot or a confirmation: the bot's own question is the answer.
             self._record_user(conversation, turn)
             stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - turn.started
@@ -584,6 +596,7 @@ class ChatEngine:
             "intent": context.intent,
             "drift": context.drift,
             "dialogue_state": context.dialogue_state,
+            "action": turn.action.as_dict() if turn.action is not None else None,
         }
         self.conversations.commit(conversation, turn.user, turn.user_seq, turn.reply, meta)
         turn.committed = True
@@ -606,6 +619,7 @@ class ChatEngine:
             intent=context.intent,
             confidence=context.confidence,
             dialogue_state=context.dialogue_state,
+            action=turn.action,
         )
 
     def _check_fits(self, system: Message | None, user: Message, max_new_tokens: int) -> None:

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dialog import ActionOutcome
+
 
 @dataclass
 class TurnStats:
@@ -22,13 +24,14 @@ class TurnStats:
         total_s: seconds for the whole turn.
         decode_tokens_per_s: reply tokens per second after the first.
         tier: which cache served the prompt: "session" (memory), "disk" (spilled and restored),
-            "prefix" (shared system prompt only), "none" (computed from scratch) or "dialog"
-            (the bot's flow asked for a slot or a confirmation; the model did not run).
+            "prefix" (shared system prompt only), "none" (computed from scratch), "dialog"
+            (the bot's flow asked for a slot or a confirmation; the model did not run), "answer"
+            (the answer cache) or "action" (the flow's action ran; its response is the reply).
         dropped_turns: earlier turns left out of the prompt (to fit the context window, or
             because the topic changed).
         kv_bytes: KV bytes the token tier holds in memory after the turn.
         mean_entropy_bits: mean entropy of the token distributions the reply was drawn from.
-        finish_reason: "eos", "length", "stop" (a stop sequence), "cancelled" or "flow".
+        finish_reason: "eos", "length", "stop" (a stop sequence), "cancelled", "flow", "cache" or "action".
         answer_cache_hit: whether the answer came from the answer cache without the model.
         drift: whether this turn was detected as a topic change.
         promoted: whether this turn's confirmed intent and slots became session facts.
@@ -65,6 +68,7 @@ class Reply:
     intent: str | None = None
     confidence: float | None = None
     dialogue_state: str | None = None
+    action: ActionOutcome | None = None  # the flow's action this turn performed, if any
 
 
 class ReplyStream:

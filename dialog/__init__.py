@@ -3,6 +3,7 @@
 Nothing here imports a model library; the intent classifier is handed an embedding function.
 """
 
+from .actions import ActionContext, ActionError, ActionOutcome, Actions, action
 from .classifier import Embed, IntentClassifier, IntentResult
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow, Intent, Slot
 from .loader import BotDefinitionError, load_bot, parse_bot
@@ -21,6 +22,11 @@ from .state_machine import (
 
 __all__ = [
     "OUT_OF_SCOPE",
+    "ActionContext",
+    "ActionError",
+    "ActionOutcome",
+    "Actions",
+    "action",
     "TRANSITIONS",
     "DialogueEvent",
     "DialogueManager",

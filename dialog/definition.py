@@ -61,11 +61,17 @@ class Intent(_Strict):
 
 
 class Flow(_Strict):
-    """What the bot does once an intent is detected: ask, confirm, act; or hand off."""
+    """What the bot does once an intent is detected: ask, confirm, act; or hand off.
+
+    `response` is what the user sees once `action` ran: a template of the intent's slots and
+    the action's result (`{result.reference}`); `error_response` when the action failed.
+    """
 
     ask: dict[str, str] = {}
     confirm: str | None = None
     action: str | None = None
+    response: str | None = None
+    error_response: str | None = None
     hand_off: bool = False
 
 
@@ -76,6 +82,7 @@ class BotDefinition(_Strict):
     intents: list[Intent] = Field(min_length=1)
     slots: list[Slot] = []
     flows: dict[str, Flow] = {}
+    actions: str | None = None  # the Python module of the flows' actions, beside the YAML (`dialog.actions`)
 
     def intent(self, name: str) -> Intent:
         """Return the intent called `name` (KeyError if there is none)."""
@@ -140,11 +147,21 @@ def _flow_errors(name: str, flow: Flow, bot: BotDefinition | None) -> list[tuple
     for slot in slots:
         if slot not in flow.ask and not flow.hand_off:
             errors.append((("flows", name, "ask"), f"no prompt for slot '{slot}'"))
-    if flow.confirm is not None:
+    if (flow.response or flow.error_response) and not flow.action:
+        errors.append((("flows", name, "response" if flow.response else "error_response"), "a response needs an action to respond to"))
+    for key, template, extra in (
+        ("confirm", flow.confirm, set()),
+        ("response", flow.response, {"result"}),
+        ("error_response", flow.error_response, set()),
+    ):
+        if template is None:
+            continue
         try:
-            fields = {field for _, field, _, _ in string.Formatter().parse(flow.confirm) if field is not None}
+            fields = {field.split(".")[0].split("[")[0] for _, field, _, _ in string.Formatter().parse(template) if field}
         except ValueError as exc:
-            return errors + [(("flows", name, "confirm"), f"bad template: {exc}")]
-        for field in sorted(fields - set(slots)):
-            errors.append((("flows", name, "confirm"), f"placeholder '{{{field}}}' is not a slot of '{name}'"))
+            errors.append((("flows", name, key), f"bad template: {exc}"))
+            continue
+        for field in sorted(fields - set(slots) - extra):
+            hint = " (or result.FIELD)" if extra else ""
+            errors.append((("flows", name, key), f"placeholder '{{{field}}}' is not a slot of '{name}'{hint}"))
     return errors

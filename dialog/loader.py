@@ -46,7 +46,15 @@ def load_bot(path: str | Path) -> BotDefinition:
         FileNotFoundError: There is no such file and no shipped bot of that name.
     """
     file = _resolve(path)
-    return parse_bot(file.read_text(encoding="utf-8"), source=file.name)
+    text = file.read_text(encoding="utf-8")
+    bot = parse_bot(text, source=file.name)
+    if bot.actions is None:
+        return bot
+    module = (file.parent / bot.actions).resolve()  # beside the YAML, wherever the caller runs from
+    if not module.is_file():
+        line = next((n for n, row in enumerate(text.splitlines(), 1) if row.startswith("actions:")), 1)
+        raise BotDefinitionError([f"{file.name} line {line}: actions: no file {bot.actions!r} next to the bot file"])
+    return bot.model_copy(update={"actions": str(module)})
 
 
 def parse_bot(text: str, source: str = "<bot>") -> BotDefinition:

@@ -147,3 +147,61 @@ def hashing_embed(texts: list[str]) -> np.ndarray:
 def toy_embed():  # type: ignore[no-untyped-def]
     """The toy embedder as a fixture (test modules cannot import conftest under importlib mode)."""
     return hashing_embed
+
+
+BANK_BOT = """\
+system_prompt: You are a bank's assistant.
+actions: {module}
+intents:
+  - name: transfer_money
+    examples: ['Send 200 dollars to account 12345678', 'I want to transfer money']
+    slots: [amount, to_account]
+  - name: opening_hours
+    examples: ['When are you open?']
+slots:
+  - name: amount
+    kind: amount
+  - name: to_account
+    pattern: '\\b(\\d{{8}})\\b'
+flows:
+  transfer_money:
+    ask:
+      amount: How much?
+      to_account: To which account?
+    confirm: Send {{amount}} to {{to_account}}?
+    action: transfer
+    response: Sent {{amount}} to {{to_account}}, reference {{result.reference}}.
+    error_response: The transfer of {{amount}} did not go through.
+"""
+
+BANK_ACTIONS = '''
+from dialog import action
+
+calls = []
+
+@action("transfer")
+def transfer(amount, to_account, context):
+    calls.append((amount, to_account, context))
+    if to_account == "00000000":
+        raise RuntimeError("the core banking system is down")
+    if to_account == "11111111":
+        return {"reference": object()}
+    return {"reference": f"T-{len(calls)}"}
+'''
+
+
+@pytest.fixture
+def write_bank_bot(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Write a small bank bot whose transfer flow calls a Python action; returns the YAML's path.
+
+    The action records its calls in the module's `calls`, fails for account 00000000 and
+    returns something that is not JSON for 11111111.
+    """
+
+    def write(actions: str = BANK_ACTIONS, replace: tuple[str, str] = ("", "")) -> Path:
+        (tmp_path / "bank_actions.py").write_text(actions)
+        path = tmp_path / "bank.yaml"
+        path.write_text(BANK_BOT.format(module="bank_actions.py").replace(*replace) if replace[0] else BANK_BOT.format(module="bank_actions.py"))
+        return path
+
+    return write

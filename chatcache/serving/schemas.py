@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..model.prompt import Message
 from ..reply import Reply
 
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "cache": "stop", "flow": "stop", "length": "length", "cancelled": "stop"}
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "cache": "stop", "flow": "stop", "action": "stop", "length": "length", "cancelled": "stop"}
 
 
 class TextPart(BaseModel):
@@ -130,6 +130,8 @@ def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None)
         "drift": stats.drift,
         "intent": reply.intent,
         "dialogue_state": reply.dialogue_state,
+        "handed_off": reply.dialogue_state == "HANDED_OFF",
+        "action": reply.action.as_dict() | {"cached": False} if reply.action is not None else None,
         "ttft_s": round(stats.ttft_s, 4),
         "predicted_ttft_s": None if predicted_ttft_s is None else round(predicted_ttft_s, 4),
         "reused_tokens": stats.reused_tokens,
