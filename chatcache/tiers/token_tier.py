@@ -98,6 +98,7 @@ class TokenTier:
         self._prefill = prefill
         self._device = device
         self._lock = threading.RLock()
+        self._memory_freed = threading.Condition(self._lock)  # a turn's KV left memory: waiting turns may fit now
         self._sessions: dict[str, KVEntry] = {}  # LFU+ picks victims: insertion order means nothing
         self._prefixes: OrderedDict[str, KVEntry] = OrderedDict()
         self._in_use: dict[str, int] = {}
@@ -115,6 +116,9 @@ class TokenTier:
     def checkout(self, session_id: str, prompt: list[int], prefix: list[int], reserve_tokens: int) -> Checkout:
         """Take the session's cache for a turn, cropped to what the prompt shares with it.
 
+        Waits while the turns already in flight leave too little of the budget for this one's
+        `reserve_tokens`: the budget holds across every running turn, not only between turns.
+
         Args:
             session_id: the session; its turns must not overlap (the engine serializes them).
             prompt: the ids the model must have seen before generating.
@@ -122,8 +126,13 @@ class TokenTier:
             reserve_tokens: tokens the turn may add beyond what is cached (prompt plus reply).
         """
         limit = len(prompt) - 1  # leave one token to prefill, even on an exact hit
+        reserve = reserve_tokens * self.bytes_per_token
         with self._lock:
-            self._in_use[session_id] = reserve_tokens * self.bytes_per_token
+            # Turns in flight are never cut short, so one that would take memory past the budget
+            # even with every idle session evicted waits until an earlier one is done.
+            while self._in_use and sum(self._in_use.values()) + self._prefix_bytes() + reserve > self.config.memory_budget_bytes:
+                self._memory_freed.wait()
+            self._in_use[session_id] = reserve
             self._evict_to_fit(keep=session_id)
             entry, tier = self._sessions.pop(session_id, None), "session"
         if entry is None and self._spill is not None:
@@ -168,6 +177,7 @@ class TokenTier:
             raise AssertionError(f"cache holds {kv.cached_length(cache)} positions for {len(ids)} ids")
         with self._lock:
             self._in_use.pop(session_id, None)
+            self._memory_freed.notify_all()
             if not self.config.enabled:
                 return
             entry = KVEntry(ids=list(ids), cache=cache, nbytes=kv.kv_bytes(cache))
@@ -187,6 +197,7 @@ class TokenTier:
         """Cancel a checkout whose turn failed: nothing is kept, so the next turn recomputes."""
         with self._lock:
             self._in_use.pop(session_id, None)
+            self._memory_freed.notify_all()
 
     def drop(self, session_id: str) -> None:
         """Forget a session everywhere: memory and disk."""
@@ -226,6 +237,9 @@ class TokenTier:
             self._prefixes.clear()
 
     # -- memory -------------------------------------------------------------------------
+
+    def _prefix_bytes(self) -> int:
+        return sum(e.nbytes for e in self._prefixes.values())
 
     def resident_bytes(self) -> int:
         with self._lock:
