@@ -21,7 +21,17 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dialog import ActionContext, ActionOutcome, Actions, BotDefinition, load_bot
+from dialog import (
+    ActionContext,
+    ActionOutcome,
+    Actions,
+    BotDefinition,
+    DialogueEvent,
+    DialogueStateMachine,
+    EventType,
+    State,
+    load_bot,
+)
 from storage import ChatSession, SessionStore, UnknownSessionError
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
@@ -31,6 +41,7 @@ from .tiers.conversations import Conversation, Conversations, check_storable
 from .steering.drift import DriftConfig
 from .errors import ContextWindowError, InvalidMessageError
 from .model.generation import prefill
+from .steering.handoff import handoff_summary
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
@@ -44,9 +55,11 @@ from .tiers.turn_tier import TurnTier, TurnTierConfig
 
 ROLES = ("system", "user", "assistant")
 
-Admit = Callable[[int], None]
+Admit = Callable[[int, bool], None]
 """Admission control for one turn: called with the prompt tokens the model would have to
-prefill, before the turn records anything; it raises to refuse the turn (the server's 429)."""
+prefill and whether the token tier has the memory for the turn now (else it would wait for a
+running turn to end), before the turn records anything; it raises to refuse the turn (the
+server's 429)."""
 
 
 def conversation_key(messages: Sequence[Message]) -> str:
@@ -408,6 +421,52 @@ class ChatEngine:
         """This user's sessions in the session tier, most recently active first."""
         return self.store.list_sessions(user_id=self.conversations.user_id)
 
+    def agent_reply(self, session_id: str, text: str, agent: str) -> None:
+        """Record a person's reply in a session handed off to them; the bot stays silent there.
+
+        Raises:
+            UnknownSessionError: no such session.
+            InvalidMessageError: the session is not handed off, or `text` is empty or not storable.
+        """
+        if not text.strip():
+            raise InvalidMessageError("The reply is empty.")
+        check_storable(text, "The agent's reply")
+        with self.conversations.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
+            self._check_handed_off(conversation)
+            answered = {m.reply_to for m in self.store.messages(session_id) if m.role.value == "assistant"}
+            waiting = [m.seq for m in self.store.messages(session_id) if m.role.value == "user" and m.seq not in answered]
+            tokens = len(self.renderer.encode_text(text))
+            meta = {"tier": "agent", "agent": agent, "dialogue_state": "HANDED_OFF"}
+            self.store.append_message(
+                session_id, "assistant", text, tokens, meta, reply_to=waiting[-1] if waiting else None, lease=conversation.lease
+            )
+            self.conversations.forget(session_id)  # rebuilt with the person's turn on the next one
+
+    def hand_back(self, session_id: str) -> None:
+        """A person hands a session back to the bot: the dialogue starts over, the history stays.
+
+        Raises:
+            UnknownSessionError: no such session.
+            InvalidMessageError: the session is not handed off.
+        """
+        with self.conversations.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
+            self._check_handed_off(conversation)
+            machine = DialogueStateMachine.from_dict(conversation.dialogue or {})
+            machine.apply(DialogueEvent(EventType.RESET, event_id=f"{session_id}:{conversation.last_seq}:hand-back"))
+            conversation.dialogue = machine.to_dict()
+            self.store.update_state(session_id, conversation.stored_state(), expected_version=conversation.version)
+            self.conversations.forget(session_id)
+            self._release_topic(session_id)
+
+    def handoff_summary(self, session_id: str) -> str:
+        """What the person taking over reads first (`steering/handoff.py`)."""
+        return handoff_summary(self.store.messages(session_id), self.store.facts(session_id))
+
+    @staticmethod
+    def _check_handed_off(conversation: Conversation) -> None:
+        if (conversation.dialogue or {}).get("state") != State.HANDED_OFF.value:
+            raise InvalidMessageError("This session is not handed off to a person; the bot answers it.")
+
     def end_session(self, session_id: str) -> None:
         """End a session in the session tier and release its turn and token tiers.
 
@@ -500,7 +559,7 @@ class ChatEngine:
                 if not turn.committed:  # what the turn changed in memory was never stored
                     self.conversations.forget(session_id)
                     self._release_topic(session_id)  # the drift topic resumes from the stored turns
-            if turn.committed:
+            if turn.committed or (turn.context.awaiting_agent and turn.user_seq == conversation.last_seq):
                 holder.append(self._reply_of(turn))
 
     def _run_given(self, conversation: Conversation, turn: Turn, holder: list[Reply]) -> Generator[str, None, None]:
@@ -541,6 +600,10 @@ class ChatEngine:
         """The reply: the flow's own question, its action's response, a cached answer, or the
         model on the session's KV."""
         stats, params = turn.stats, turn.params
+        if turn.context.awaiting_agent:  # handed off: the message waits for the person, nobody replies now
+            self._record_user(conversation, turn)
+            stats.tier, stats.finish_reason, stats.ttft_s = "agent", "handed_off", time.perf_counter() - turn.started
+            return
         hit = self.answers.lookup(turn.text, turn.scope, turn.context, params) if self.answers and turn.scope else None
         if turn.context.action is not None and self.actions is not None and turn.context.intent is not None:
             # The flow acts: the bot's code runs, and its response template is the reply.
@@ -569,7 +632,8 @@ class ChatEngine:
             prompt, stats.dropped_turns = self._plan(conversation, turn)
             if turn.admit is not None:
                 prefix = self._system_ids if turn.prefix is None else turn.prefix
-                turn.admit(len(prompt) - self.token_tier.reusable(turn.session_id, prompt, prefix))
+                fits = self.token_tier.fits(len(prompt) + params.max_new_tokens)
+                turn.admit(len(prompt) - self.token_tier.reusable(turn.session_id, prompt, prefix), fits)
             self._record_user(conversation, turn)
             generated: list[Message] = []
             try:
@@ -607,14 +671,14 @@ class ChatEngine:
             self.prefetcher.after_turn(turn.session_id, [previous, current] if previous else [current])
 
     def _reply_of(self, turn: Turn) -> Reply:
-        assert turn.reply is not None
+        """The caller's reply; empty for a message left for the person a session was handed to."""
         turn.stats.total_s = time.perf_counter() - turn.started
         turn.stats.kv_bytes = self.token_tier.resident_bytes()
         context = turn.context
         return Reply(
             turn.session_id,
-            turn.reply.content,
-            list(turn.reply.generated_ids or ()),
+            turn.reply.content if turn.reply is not None else "",
+            list(turn.reply.generated_ids or ()) if turn.reply is not None else [],
             turn.stats,
             intent=context.intent,
             confidence=context.confidence,

@@ -64,7 +64,8 @@ class Flow(_Strict):
     """What the bot does once an intent is detected: ask, confirm, act; or hand off.
 
     `response` is what the user sees once `action` ran: a template of the intent's slots and
-    the action's result (`{result.reference}`); `error_response` when the action failed.
+    the action's result (`{result.reference}`); `error_response` when the action failed. A
+    hand-off flow's `response` is what the bot says as it hands the conversation to a person.
     """
 
     ask: dict[str, str] = {}
@@ -147,8 +148,10 @@ def _flow_errors(name: str, flow: Flow, bot: BotDefinition | None) -> list[tuple
     for slot in slots:
         if slot not in flow.ask and not flow.hand_off:
             errors.append((("flows", name, "ask"), f"no prompt for slot '{slot}'"))
-    if (flow.response or flow.error_response) and not flow.action:
-        errors.append((("flows", name, "response" if flow.response else "error_response"), "a response needs an action to respond to"))
+    if flow.error_response and not flow.action:
+        errors.append((("flows", name, "error_response"), "an error response needs an action that can fail"))
+    if flow.response and not (flow.action or flow.hand_off):
+        errors.append((("flows", name, "response"), "a response needs an action to respond to, or a hand-off to announce"))
     for key, template, extra in (
         ("confirm", flow.confirm, set()),
         ("response", flow.response, {"result"}),

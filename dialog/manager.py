@@ -21,6 +21,8 @@ from .slots import SlotExtractor
 from .state_machine import DialogueEvent, DialogueStateMachine, EventType, State
 
 _YES = re.compile(r"\b(yes|yeah|yep|yup|sure|correct|confirm(ed)?|ok(ay)?|go ahead|do it|please do)\b", re.I)
+HANDOFF_REPLY = "I am handing you over to a person from our team; they will answer you here."
+"""What the bot says when a flow hands the conversation to a person, unless the flow says otherwise."""
 _NO = re.compile(r"\b(no|nope|nah|cancel|don'?t|do not|stop|wrong)\b", re.I)
 
 
@@ -134,6 +136,8 @@ class DialogueManager:
             prompt = flow.ask[machine.missing_slots[0]]
         elif flow is not None and machine.state == State.CONFIRMING and flow.confirm is not None:
             prompt = flow.confirm.format(**machine.slots)
+        elif machine.state == State.HANDED_OFF:  # just handed off: `handle` takes no turn there
+            prompt = (flow.response if flow is not None else None) or HANDOFF_REPLY
         return TurnDecision(
             state=machine.to_dict(),
             intent=intent,

@@ -11,8 +11,10 @@ it and its own, each step also paying one batched decode at the batch it will ha
                 + the engine's own time before the model (learned: the mean of actual - predicted)
 
 with the rates the scheduler measures while serving. Over the SLO, with `max_queue` requests
-already waiting for their first token, or while one admitted earlier has waited longer than
-the SLO (the prediction is evidently behind), the request is refused with a retry time.
+already waiting for their first token, while one admitted earlier has waited longer than the
+SLO (the prediction is evidently behind), or with an SLO when the token tier has no memory for
+the turn until a running one ends (a wait nothing here predicts), the request is refused with
+a retry time.
 Answer-cache hits and the flow's own questions never reach this point: they cost no model time.
 
 `saturated` answers the same question for a request that would prefill nothing, before any
@@ -49,8 +51,8 @@ class Ticket:
     waiting: bool = False
     admitted_at: float = 0.0
 
-    def admit(self, prefill_tokens: int) -> None:
-        self.control._admit(self, prefill_tokens)
+    def admit(self, prefill_tokens: int, fits_in_memory: bool = True) -> None:
+        self.control._admit(self, prefill_tokens, fits_in_memory)
 
     def started(self, actual_ttft_s: float) -> float | None:
         """The first token arrived (or the turn ended): leave the queue; returns the prediction's error."""
@@ -123,11 +125,14 @@ class AdmissionControl:
             return Overloaded("slo", max(1.0, late - self.slo_s), f"A request admitted {late:.1f} s ago still waits for its first token.")
         return None
 
-    def _admit(self, ticket: Ticket, prefill_tokens: int) -> None:
+    def _admit(self, ticket: Ticket, prefill_tokens: int, fits_in_memory: bool) -> None:
         with self._lock:  # decided and queued together: a burst cannot all see the same empty queue
             model_s = self.predict(prefill_tokens, list(self._waiting.values()))
             predicted = model_s + self.overhead_s
             refusal = self._refusal(predicted)
+            if refusal is None and not fits_in_memory and self.slo_s is not None:
+                # It would wait for a running turn to end, which nothing here predicts.
+                refusal = Overloaded("memory", max(1.0, predicted), "The running turns hold all the KV memory.")
             if refusal is not None:
                 raise refusal
             ticket.predicted_s, ticket.model_s, ticket.waiting = predicted, model_s, True

@@ -167,9 +167,11 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
 
         def read() -> dict[str, Any]:
             session = store.get_session(stored)
+            summary = _session_summary(tenant, session)
             return {
-                **_session_summary(tenant, session),
-                "messages": [{"role": m.role.value, "content": m.content, **_turn_figures(m.meta)} for m in store.messages(stored)],
+                **summary,
+                "handoff_summary": s.tenants(tenant).handoff_summary(stored) if summary["handed_off"] else None,
+                "messages": [_message(m) for m in store.messages(stored)],
                 "facts": [{"kind": f.kind.value, "name": f.name, "value": f.value, "confidence": f.confidence} for f in store.facts(stored)],
             }
 
@@ -192,6 +194,30 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature)
 
         return await answer_turn(s, start, cache_may_serve, body, s.hold_session(stored), session_id)
+
+    @app.post("/v1/sessions/{session_id}/agent", status_code=201)
+    async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:
+        """A person's reply in a session the bot handed off to them."""
+        s = server()
+        tenant, _ = s.authenticate(authorization)
+        stored = _stored(tenant, session_id)
+        engine = s.tenants(tenant)
+        await asyncio.to_thread(_guarded, lambda: engine.agent_reply(stored, body.content, body.agent))
+        return {"session_id": session_id, "role": "assistant", "content": body.content, "agent": body.agent}
+
+    @app.post("/v1/sessions/{session_id}/hand-back")
+    async def hand_back(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
+        """The person hands the session back to the bot."""
+        s = server()
+        tenant, _ = s.authenticate(authorization)
+        stored = _stored(tenant, session_id)
+        engine = s.tenants(tenant)
+
+        def back() -> dict[str, Any]:
+            engine.hand_back(stored)
+            return _session_summary(tenant, engine.store.get_session(stored))
+
+        return await asyncio.to_thread(_guarded, back)
 
     @app.delete("/v1/sessions/{session_id}")
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -249,6 +275,13 @@ def _session_summary(tenant: str, session: Any) -> dict[str, Any]:
         "created_at": session.created_at.isoformat(),
         "updated_at": session.updated_at.isoformat(),
     }
+
+
+def _message(message: Any) -> dict[str, Any]:
+    shown = {"role": message.role.value, "content": message.content, **_turn_figures(message.meta)}
+    if (message.meta or {}).get("agent"):
+        shown["agent"] = message.meta["agent"]  # a person wrote it, not the bot
+    return shown
 
 
 def _turn_figures(meta: dict[str, Any] | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..model.prompt import Message
 from ..reply import Reply
 
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "cache": "stop", "flow": "stop", "action": "stop", "length": "length", "cancelled": "stop"}
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "cache": "stop", "flow": "stop", "action": "stop", "handed_off": "stop", "length": "length", "cancelled": "stop"}
 
 
 class TextPart(BaseModel):
@@ -103,6 +103,15 @@ class SessionMessage(Generation):
     model_config = ConfigDict(extra="forbid")
 
     content: str = Field(min_length=1)
+
+
+class AgentMessage(BaseModel):
+    """`POST /v1/sessions/{id}/agent`: a person's reply in a session handed off to them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = Field(min_length=1)
+    agent: str = Field(min_length=1, max_length=128)
 
 
 def completion_id() -> str:

@@ -46,7 +46,7 @@ async def answer_turn(
         stream = AsyncReplyStream(start(ticket))
         try:
             first: str | None = await stream.__anext__()
-        except StopAsyncIteration:
+        except StopAsyncIteration:  # no text at all: a message left for the person a session was handed to
             first = None
     except BaseException as error:
         ticket.close()
@@ -66,8 +66,9 @@ async def answer_turn(
 
     if not body.stream:
         try:
-            async for _ in stream:  # the reply's text is what the turn recorded
-                pass
+            if first is not None:
+                async for _ in stream:  # the reply's text is what the turn recorded
+                    pass
         finally:
             release()
         reply = stream.reply
@@ -80,10 +81,10 @@ async def answer_turn(
     async def events() -> AsyncIterator[str]:
         try:
             yield sse(schemas.chunk(cid, model, {"role": "assistant", "content": ""}))
-            if first:
+            if first is not None:
                 yield sse(schemas.chunk(cid, model, {"content": first}))
-            async for piece in stream:
-                yield sse(schemas.chunk(cid, model, {"content": piece}))
+                async for piece in stream:
+                    yield sse(schemas.chunk(cid, model, {"content": piece}))
             reply = stream.reply
             if reply is not None:
                 reason = schemas.FINISH_REASONS.get(reply.stats.finish_reason, "stop")

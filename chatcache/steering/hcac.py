@@ -50,6 +50,7 @@ class TurnContext:
     bot_reply: str | None = None
     action: str | None = None
     promoted: bool = False
+    awaiting_agent: bool = False  # handed off to a person: the bot does not answer
 
 
 def sentence_embed(model: Any) -> Embed:
@@ -166,7 +167,11 @@ class ContextCoordinator:
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
         assert self.manager is not None
         state = conversation.dialogue
-        if state and State(state["state"]) in (State.HANDED_OFF, State.ACTING):
+        if state and State(state["state"]) == State.HANDED_OFF:  # a person answers until they hand it back
+            context.awaiting_agent, context.dialogue_state = True, State.HANDED_OFF.value
+            context.intent = state.get("intent")
+            return
+        if state and State(state["state"]) == State.ACTING:
             machine = DialogueStateMachine.from_dict(state)  # a new user turn starts over
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{turn_id}:reset"))
             state = machine.to_dict()

@@ -167,6 +167,12 @@ class TokenTier:
         best = max(common_prefix_length(ids or [], prompt), common_prefix_length(prefix, prompt))
         return max(0, min(best, len(prompt) - 1))
 
+    def fits(self, reserve_tokens: int) -> bool:
+        """Whether a turn reserving `reserve_tokens` would start now rather than wait for memory (`checkout`)."""
+        with self._lock:
+            reserve = reserve_tokens * self.bytes_per_token
+            return not self._in_use or sum(self._in_use.values()) + self._prefix_bytes() + reserve <= self.config.memory_budget_bytes
+
     def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
         """Give a session's cache back after its turn; `ids` are exactly the positions it holds.
 

@@ -20,8 +20,8 @@ class Refused(Exception):
     pass
 
 
-def refuse(prefill_tokens: int) -> None:
-    assert prefill_tokens > 0
+def refuse(prefill_tokens: int, fits_in_memory: bool) -> None:
+    assert prefill_tokens > 0 and fits_in_memory
     raise Refused(f"{prefill_tokens} tokens to prefill")
 
 

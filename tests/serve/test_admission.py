@@ -163,3 +163,13 @@ def test_each_api_key_has_its_own_request_rate(serve, keys_file) -> None:  # typ
         limited = a.get("/v1/sessions")
         assert limited.json()["error"]["code"] == "rate" and int(limited.headers["retry-after"]) >= 1
         assert b.get("/v1/sessions").status_code == 200
+
+
+def test_with_an_slo_a_turn_that_would_wait_for_kv_memory_is_refused(scheduler) -> None:  # type: ignore[no-untyped-def]
+    with_slo = AdmissionControl(scheduler, slo_s=5.0, max_queue=8)
+    with pytest.raises(Overloaded) as refused:
+        with_slo.ticket().admit(10, fits_in_memory=False)
+    assert refused.value.reason == "memory" and with_slo.waiting == 0
+    without = AdmissionControl(scheduler, slo_s=None, max_queue=8)
+    without.ticket().admit(10, fits_in_memory=False)  # no promise to keep: it waits its turn
+    assert without.waiting == 1
