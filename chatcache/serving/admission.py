@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..model.scheduler import RATE_WEIGHT, Scheduler
@@ -80,6 +81,7 @@ class AdmissionControl:
     scheduler: Scheduler
     slo_s: float | None
     max_queue: int
+    memory_room: Callable[[], bool] = lambda: True  # would a turn like the running ones get its KV now
     overhead_s: float = 0.0
     _waiting: dict[Ticket, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -108,7 +110,10 @@ class AdmissionControl:
     def saturated(self) -> Overloaded | None:
         """Why even a request with nothing to prefill would be refused now, if it would."""
         with self._lock:
-            return self._refusal(self.predict(0, list(self._waiting.values())) + self.overhead_s)
+            refusal = self._refusal(self.predict(0, list(self._waiting.values())) + self.overhead_s)
+        if refusal is None and self.slo_s is not None and not self.memory_room():
+            refusal = Overloaded("memory", 1.0, "The running turns hold all the KV memory.")
+        return refusal
 
     def _refusal(self, predicted: float) -> Overloaded | None:
         """The refusal for a request predicted at `predicted` seconds, given the queue (lock held)."""

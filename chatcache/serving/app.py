@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from storage import StorageError, UnknownSessionError
 
-from ..engine import conversation_key
+from ..engine import ChatEngine, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
 from ..model.loading import ChatModel
 from ..reply import ReplyStream
@@ -60,6 +60,17 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         if not holder:
             raise ApiError(503, "The server is starting.", "service_unavailable", "starting", {"Retry-After": "5"})
         return holder[0]
+
+    async def on_session(
+        authorization: str | None, session_id: str, call: Callable[[ChatEngine, str, str], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Run `call(engine, stored id, tenant)` on the caller's tenant's session, off the event loop."""
+        s = server()
+        tenant, _ = s.authenticate(authorization)
+        stored = _stored(tenant, session_id)
+        engine = s.tenants(tenant)
+        result: dict[str, Any] = await asyncio.to_thread(_guarded, lambda: call(engine, stored, tenant))
+        return result
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -198,39 +209,28 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     @app.post("/v1/sessions/{session_id}/agent", status_code=201)
     async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:
         """A person's reply in a session the bot handed off to them."""
-        s = server()
-        tenant, _ = s.authenticate(authorization)
-        stored = _stored(tenant, session_id)
-        engine = s.tenants(tenant)
-        await asyncio.to_thread(_guarded, lambda: engine.agent_reply(stored, body.content, body.agent))
-        return {"session_id": session_id, "role": "assistant", "content": body.content, "agent": body.agent}
+        def reply(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
+            engine.agent_reply(stored, body.content, body.agent)
+            return {"session_id": session_id, "role": "assistant", "content": body.content, "agent": body.agent}
+
+        return await on_session(authorization, session_id, reply)
 
     @app.post("/v1/sessions/{session_id}/hand-back")
     async def hand_back(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
         """The person hands the session back to the bot."""
-        s = server()
-        tenant, _ = s.authenticate(authorization)
-        stored = _stored(tenant, session_id)
-        engine = s.tenants(tenant)
-
-        def back() -> dict[str, Any]:
+        def back(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
             engine.hand_back(stored)
             return _session_summary(tenant, engine.store.get_session(stored))
 
-        return await asyncio.to_thread(_guarded, back)
+        return await on_session(authorization, session_id, back)
 
     @app.delete("/v1/sessions/{session_id}")
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        s = server()
-        tenant, _ = s.authenticate(authorization)
-        stored = _stored(tenant, session_id)
-        engine = s.tenants(tenant)
-
-        def end() -> dict[str, Any]:
+        def end(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
             engine.end_session(stored)
             return _session_summary(tenant, engine.store.get_session(stored))
 
-        return await asyncio.to_thread(_guarded, end)
+        return await on_session(authorization, session_id, end)
 
     @app.get("/", response_class=HTMLResponse)
     async def chat_page() -> HTMLResponse:

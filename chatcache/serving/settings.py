@@ -82,7 +82,8 @@ class ServeSettings(BaseSettings):
             return cls(**given)
         if not config_file.is_file():
             raise ValueError(f"config file {config_file} is not a readable file")
-        return _WithFile(config_file)(**given)
+        from_file = type("ServeSettingsFromFile", (cls,), {"model_config": {**cls.model_config, "yaml_file": config_file}})
+        return from_file(**given)  # type: ignore[no-any-return]
 
     @classmethod
     def settings_customise_sources(
@@ -93,22 +94,6 @@ class ServeSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings
-
-
-def _WithFile(config_file: Path) -> type[ServeSettings]:
-    """`ServeSettings` reading `config_file` below the flags and the environment."""
-
-    class FromFile(ServeSettings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=config_file)
-
-    return FromFile
+        # No .env or secrets directory is read: only what the operator passes or exports, and the
+        # config file (`model_config["yaml_file"]`, set by `load`; none by default).
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)

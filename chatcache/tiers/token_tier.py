@@ -173,6 +173,14 @@ class TokenTier:
             reserve = reserve_tokens * self.bytes_per_token
             return not self._in_use or sum(self._in_use.values()) + self._prefix_bytes() + reserve <= self.config.memory_budget_bytes
 
+    def room_for_another(self) -> bool:
+        """Whether one more turn the size of those running now would start at once (admission's cheap check)."""
+        with self._lock:
+            if not self._in_use:
+                return True
+            held = sum(self._in_use.values())
+            return held + self._prefix_bytes() + held / len(self._in_use) <= self.config.memory_budget_bytes
+
     def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
         """Give a session's cache back after its turn; `ids` are exactly the positions it holds.
 

@@ -173,3 +173,13 @@ def test_with_an_slo_a_turn_that_would_wait_for_kv_memory_is_refused(scheduler) 
     without = AdmissionControl(scheduler, slo_s=None, max_queue=8)
     without.ticket().admit(10, fits_in_memory=False)  # no promise to keep: it waits its turn
     assert without.waiting == 1
+
+
+def test_while_the_running_turns_hold_the_kv_memory_saturation_says_so(scheduler) -> None:  # type: ignore[no-untyped-def]
+    room = [True]
+    control = AdmissionControl(scheduler, slo_s=5.0, max_queue=8, memory_room=lambda: room[0])
+    assert control.saturated() is None
+    room[0] = False
+    refusal = control.saturated()
+    assert refusal is not None and refusal.reason == "memory"
+    assert AdmissionControl(scheduler, slo_s=None, max_queue=8, memory_room=lambda: False).saturated() is None
