@@ -53,10 +53,9 @@ from typing import Any
 
 import httpx
 import torch
-import uvicorn
 
 from chatcache import ChatEngine, ChatModel, Message, TokenTierConfig, load_chat_model
-from chatcache.serving import ServeSettings, create_app
+from chatcache.serving import BackgroundServer, ServeSettings, create_app
 
 from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_user_turns
 from .peer_protocol import percentile
@@ -262,19 +261,8 @@ def fresh_data_dir() -> Iterator[Path]:
 @contextmanager
 def live_server(settings: ServeSettings, chat_model: ChatModel) -> Iterator[str]:
     """`chatcache serve` in a thread on a free loopback port, started (model warmed up), then stopped."""
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, chat_model=chat_model), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 600
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(300)
+    with BackgroundServer(create_app(settings, chat_model=chat_model)) as server:
+        yield server.url
 
 
 def in_process(chat_model: ChatModel, system_prompt: str, conversations: list[list[str]], max_new_tokens: int) -> PhaseResult:

@@ -7,8 +7,6 @@ to it over real sockets, as an OpenAI client or a browser would.
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from chatcache.serving import ServeSettings, create_app, served_model_id
+from chatcache.serving import BackgroundServer, ServeSettings, create_app, served_model_id
 
 KEY_A = "key-tenant-a-0123456789"
 KEY_B = "key-tenant-b-0123456789"
@@ -26,19 +23,23 @@ KEY_B = "key-tenant-b-0123456789"
 
 @dataclass
 class LiveServer:
-    url: str
-    app: Any
-    server: uvicorn.Server
-    thread: threading.Thread
+    server: BackgroundServer
     model_id: str
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def app(self) -> Any:
+        return self.server.app
 
     def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
+        self.server.stop(60)
 
 
 @pytest.fixture
@@ -51,17 +52,7 @@ def serve(tiny_model, tiny_model_dir: Path, tmp_path: Path, toy_embed) -> Iterat
         settings.setdefault("db", f"sqlite:///{tmp_path}/serve-{next(counter)}.db")
         settings.setdefault("model", chat_model.name if chat_model is not None else str(tiny_model_dir))
         app = create_app(ServeSettings(**settings), chat_model=chat_model or tiny_model, embedder=embedder or toy_embed)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 120
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.05)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        model_id = served_model_id(settings["model"])
-        live = LiveServer(f"http://127.0.0.1:{port}", app, server, thread, model_id)
+        live = LiveServer(BackgroundServer(app, start_timeout_s=120), served_model_id(settings["model"]))
         started.append(live)
         return live
 
