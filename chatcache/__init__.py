@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .model.prompt import Message
     from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
     from .tiers.residency import MemoryConfig
-    from .tiers.token_tier import TokenTierStats
+    from .tiers.token_tier import TokenTier, TokenTierStats
     from .tiers.turn_tier import TurnTierConfig
 
 # Each public name and the module that defines it (".x": chatcache.x); `ChatEngine` takes the
@@ -61,6 +61,7 @@ _EXPORTS = {
     "SessionStore": "storage",
     "StageThresholds": ".steering.drift",
     "StorageError": ".errors",
+    "TokenTier": ".tiers.token_tier",
     "TokenTierConfig": ".config",
     "TokenTierStats": ".tiers.token_tier",
     "TurnTierConfig": ".tiers.turn_tier",
@@ -93,6 +94,7 @@ __all__ = [
     "SessionStore",
     "StageThresholds",
     "StorageError",
+    "TokenTier",
     "TokenTierConfig",
     "TokenTierStats",
     "TurnTierConfig",

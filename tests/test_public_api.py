@@ -12,7 +12,7 @@ PUBLIC = {
     "AnswerCacheConfig", "AsyncReplyStream", "BotDefinition", "ChatCacheError", "ChatEngine", "ChatModel",
     "ConfigError", "CorruptDatabaseError", "DriftConfig", "GenerationConfig", "InvalidIdError",
     "InvalidMessageError", "MemoryConfig", "Message", "ModelNotFoundError", "Reply", "ReplyStream",
-    "SessionClosedError", "SessionStore", "StageThresholds", "StorageError", "TokenTierConfig",
+    "SessionClosedError", "SessionStore", "StageThresholds", "StorageError", "TokenTier", "TokenTierConfig",
     "TokenTierStats", "TurnStats", "TurnTierConfig", "UnknownSessionError", "default_data_dir",
     "load_chat_model", "load_embedder",
 }  # fmt: skip
