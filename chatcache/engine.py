@@ -34,14 +34,13 @@ from dialog import (
 )
 from storage import ChatSession, SessionStore, UnknownSessionError
 
-from .answer_cache import AnswerCache, AnswerCacheConfig, Scope, bot_fingerprint
+from .answer_cache import AnswerCache, AnswerCacheConfig, CacheHit, Scope, bot_fingerprint
 from .answer_cache.answering import AnswerScope, CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .tiers.conversations import Conversation, Conversations, check_storable
 from .steering.drift import DriftConfig
 from .errors import ContextWindowError, InvalidMessageError
 from .model.generation import prefill
-from .steering.handoff import handoff_summary
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
@@ -108,6 +107,11 @@ class Turn:
     @property
     def text(self) -> str:
         return self.user.content
+
+    @property
+    def id(self) -> str:
+        """The turn's id (dialogue events, action idempotency): the same for every retry of it."""
+        return f"{self.session_id}:{self.user_seq}"
 
 
 class ChatEngine:
@@ -326,11 +330,10 @@ class ChatEngine:
                 that does not fit the context window (when iteration starts).
         """
         params = _generation(max_new_tokens, temperature, top_p, stop, seed)
-        given = self._given(messages)
-        system = given[0] if given[0].role == "system" else None
-        conversation = Conversation(kv_key or conversation_key(given), system, turns=given[1 if system else 0 : -1])
+        conversation, question = self._given_conversation(messages, kv_key)
+        system = conversation.system
         turn = Turn(
-            conversation.id, params, time.perf_counter(), given[-1], given=True,
+            conversation.id, params, time.perf_counter(), question, given=True,
             prefix=self.renderer.system_ids(system.content) if system else [],
             bot=bot_fingerprint(system.content if system else None), admit=admit,
         )  # fmt: skip
@@ -355,12 +358,11 @@ class ChatEngine:
             return False
         if messages is not None:
             try:
-                given = self._given(messages)
+                given, question = self._given_conversation(messages)
             except InvalidMessageError:
                 return True  # the turn itself says what is wrong with it
-            system = given[0] if given[0].role == "system" else None
-            conversation = Conversation("given", system, turns=given[1 if system else 0 : -1])
-            return self.answers.holds_exact(conversation, given[-1].content, bot_fingerprint(system.content if system else None))
+            bot = bot_fingerprint(given.system.content if given.system else None)
+            return self.answers.holds_exact(given, question.content, bot)
         assert session_id is not None
         try:
             conversation = self.conversations.open(session_id, create=False)
@@ -372,6 +374,14 @@ class ChatEngine:
             return self.answers.holds_exact(conversation, text)
         finally:
             conversation.lock.release()
+
+    def _given_conversation(self, messages: Sequence[Message], kv_key: str | None = None) -> tuple[Conversation, Message]:
+        """The caller's conversation before its last (user) message, keyed `kv_key` (default: by
+        its start, `conversation_key`), and that message."""
+        given = self._given(messages)
+        system = given[0] if given[0].role == "system" else None
+        conversation = Conversation(kv_key or conversation_key(given), system, turns=given[1 if system else 0 : -1])
+        return conversation, given[-1]
 
     def _given(self, messages: Sequence[Message]) -> list[Message]:
         """The caller's conversation, checked, with the engine's system prompt first if it has none,
@@ -433,8 +443,9 @@ class ChatEngine:
         check_storable(text, "The agent's reply")
         with self.conversations.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
             self._check_handed_off(conversation)
-            answered = {m.reply_to for m in self.store.messages(session_id) if m.role.value == "assistant"}
-            waiting = [m.seq for m in self.store.messages(session_id) if m.role.value == "user" and m.seq not in answered]
+            messages = self.store.messages(session_id)
+            answered = {m.reply_to for m in messages if m.role.value == "assistant"}
+            waiting = [m.seq for m in messages if m.role.value == "user" and m.seq not in answered]
             tokens = len(self.renderer.encode_text(text))
             meta = {"tier": "agent", "agent": agent, "dialogue_state": "HANDED_OFF"}
             self.store.append_message(
@@ -457,10 +468,6 @@ class ChatEngine:
             self.store.update_state(session_id, conversation.stored_state(), expected_version=conversation.version)
             self.conversations.forget(session_id)
             self._release_topic(session_id)
-
-    def handoff_summary(self, session_id: str) -> str:
-        """What the person taking over reads first (`steering/handoff.py`)."""
-        return handoff_summary(self.store.messages(session_id), self.store.facts(session_id))
 
     @staticmethod
     def _check_handed_off(conversation: Conversation) -> None:
@@ -589,9 +596,8 @@ class ChatEngine:
     def _understand(self, conversation: Conversation, turn: Turn) -> None:
         """The dialogue layer and drift detection read the turn; the answer cache's scope follows."""
         turn.user_seq = conversation.last_seq + 1  # the seq its message gets: the lease keeps others out
-        turn_id = f"{turn.session_id}:{turn.user_seq}"
         if self.coordinator is not None and not turn.given:  # the dialogue state lives in a session
-            turn.context = self.coordinator.before_reply(conversation, turn.text, turn_id)
+            turn.context = self.coordinator.before_reply(conversation, turn.text, turn.id)
         turn.stats.drift, turn.stats.promoted = turn.context.drift, turn.context.promoted
         if self.answers is not None:
             turn.scope = self.answers.scope(conversation, turn.context, turn.text, bot=turn.bot)
@@ -604,12 +610,11 @@ class ChatEngine:
             self._record_user(conversation, turn)
             stats.tier, stats.finish_reason, stats.ttft_s = "agent", "handed_off", time.perf_counter() - turn.started
             return
-        hit = self.answers.lookup(turn.text, turn.scope, turn.context, params) if self.answers and turn.scope else None
         if turn.context.action is not None and self.actions is not None and turn.context.intent is not None:
             # The flow acts: the bot's code runs, and its response template is the reply.
             self._record_user(conversation, turn)
             slots = {str(k): str(v) for k, v in (conversation.dialogue or {}).get("slots", {}).items()}
-            who = ActionContext(self.tenant, self.conversations.user_id, turn.session_id, f"{turn.session_id}:{turn.user_seq}")
+            who = ActionContext(self.tenant, self.conversations.user_id, turn.session_id, turn.id)
             turn.action = self.actions.perform(turn.context.intent, slots, who)
             stats.tier, stats.finish_reason, stats.ttft_s = "action", "action", time.perf_counter() - turn.started
             yield turn.action.reply
@@ -620,7 +625,7 @@ class ChatEngine:
             stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - turn.started
             yield turn.context.bot_reply
             turn.reply = Message("assistant", turn.context.bot_reply)
-        elif hit is not None:
+        elif (hit := self._cached(turn)) is not None:
             assert self.answers is not None
             self._record_user(conversation, turn)  # served even when the model is saturated: it costs no model time
             stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
@@ -644,12 +649,18 @@ class ChatEngine:
             if self.answers is not None and turn.scope is not None and generated:
                 self.answers.store(turn.text, generated[0], turn.scope, turn.context, stats, params, turn.started)
 
+    def _cached(self, turn: Turn) -> CacheHit | None:
+        """The answer cache's answer for the turn, looked up only once no flow or action answers it."""
+        if self.answers is None or turn.scope is None:
+            return None
+        return self.answers.lookup(turn.text, turn.scope, turn.context, turn.params)
+
     def _commit(self, conversation: Conversation, turn: Turn) -> None:
         """Store the reply and everything the turn changed, in one write; then the in-memory follow-ups."""
         assert turn.reply is not None
         context = turn.context
         if self.coordinator is not None:
-            self.coordinator.after_reply(conversation, context, f"{turn.session_id}:{turn.user_seq}")
+            self.coordinator.after_reply(conversation, context, turn.id)
         meta = {
             "tier": turn.stats.tier,
             "finish_reason": turn.stats.finish_reason,

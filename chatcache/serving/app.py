@@ -29,6 +29,7 @@ from ..engine import ChatEngine, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
 from ..model.loading import ChatModel
 from ..reply import ReplyStream
+from ..steering.handoff import handoff_summary
 from ..steering.hcac import Embed
 from . import schemas
 from .admission import Ticket
@@ -66,7 +67,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     ) -> dict[str, Any]:
         """Run `call(engine, stored id, tenant)` on the caller's tenant's session, off the event loop."""
         s = server()
-        tenant, _ = s.authenticate(authorization)
+        tenant = s.authenticate(authorization)
         stored = _stored(tenant, session_id)
         engine = s.tenants(tenant)
         result: dict[str, Any] = await asyncio.to_thread(_guarded, lambda: call(engine, stored, tenant))
@@ -118,7 +119,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         x_session_id: str | None = Header(None),
     ) -> JSONResponse | StreamingResponse:
         s = server()
-        tenant, _ = s.authenticate(authorization)
+        tenant = s.authenticate(authorization)
         if body.model not in (s.model_id, s.settings.model):
             raise ApiError(404, f"The model {body.model!r} does not exist; this server serves {s.model_id!r}.", "not_found_error", "model_not_found")
         engine = s.tenants(tenant)
@@ -154,7 +155,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: schemas.SessionCreate | None = None, authorization: str | None = Header(None)) -> dict[str, Any]:
         s = server()
-        tenant, _ = s.authenticate(authorization)
+        tenant = s.authenticate(authorization)
         wanted = (body.id if body else None) or uuid.uuid4().hex
         session = await asyncio.to_thread(_guarded, lambda: s.tenants(tenant).create_session(_stored(tenant, wanted), body.title if body else None))
         return _session_summary(tenant, session)
@@ -162,7 +163,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     @app.get("/v1/sessions")
     async def list_sessions(authorization: str | None = Header(None), handed_off: bool | None = None) -> dict[str, Any]:
         s = server()
-        tenant, _ = s.authenticate(authorization)
+        tenant = s.authenticate(authorization)
         sessions = await asyncio.to_thread(_guarded, s.tenants(tenant).sessions)
         rows = [_session_summary(tenant, session) for session in sessions]
         if handed_off is not None:
@@ -172,18 +173,18 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     @app.get("/v1/sessions/{session_id}")
     async def get_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
         s = server()
-        tenant, _ = s.authenticate(authorization)
+        tenant = s.authenticate(authorization)
         store = s.tenants.store
         stored = _stored(tenant, session_id)
 
         def read() -> dict[str, Any]:
-            session = store.get_session(stored)
-            summary = _session_summary(tenant, session)
+            summary = _session_summary(tenant, store.get_session(stored))
+            messages, facts = store.messages(stored), store.facts(stored)
             return {
                 **summary,
-                "handoff_summary": s.tenants(tenant).handoff_summary(stored) if summary["handed_off"] else None,
-                "messages": [_message(m) for m in store.messages(stored)],
-                "facts": [{"kind": f.kind.value, "name": f.name, "value": f.value, "confidence": f.confidence} for f in store.facts(stored)],
+                "handoff_summary": handoff_summary(messages, facts) if summary["handed_off"] else None,
+                "messages": [_message(m) for m in messages],
+                "facts": [{"kind": f.kind.value, "name": f.name, "value": f.value, "confidence": f.confidence} for f in facts],
             }
 
         return await asyncio.to_thread(_guarded, read)
@@ -193,7 +194,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         session_id: str, body: schemas.SessionMessage, authorization: str | None = Header(None)
     ) -> JSONResponse | StreamingResponse:
         s = server()
-        tenant, _ = s.authenticate(authorization)
+        tenant = s.authenticate(authorization)
         stored = _stored(tenant, session_id)
         engine = s.tenants(tenant)
         await asyncio.to_thread(_guarded, lambda: s.tenants.store.get_session(stored))  # 404 before anything runs

@@ -45,8 +45,8 @@ class Server:
     _busy: set[str] = field(default_factory=set)
     _busy_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def authenticate(self, authorization: str | None) -> tuple[str, str]:
-        """The request's tenant and the key that names it, after its rate token was taken."""
+    def authenticate(self, authorization: str | None) -> str:
+        """The request's tenant, after its rate token was taken."""
         key = authorization.removeprefix("Bearer ").strip() if authorization else None
         tenant = self.keys.tenant_of(key)
         if tenant is None:
@@ -56,7 +56,7 @@ class Server:
         if self.bucket is not None and (wait := self.bucket.take(limiter_key)) > 0:
             self.metrics.rejections.labels("rate").inc()
             raise api_error(Overloaded("rate", wait, "This key is over its request rate."))
-        return tenant, limiter_key
+        return tenant
 
     def hold_session(self, stored: str) -> Callable[[], None]:
         """Under the `reject` policy, claim the session for one turn (409 while another runs)."""

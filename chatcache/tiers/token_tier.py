@@ -130,7 +130,7 @@ class TokenTier:
         with self._lock:
             # Turns in flight are never cut short, so one that would take memory past the budget
             # even with every idle session evicted waits until an earlier one is done.
-            while self._in_use and sum(self._in_use.values()) + self._prefix_bytes() + reserve > self.config.memory_budget_bytes:
+            while not self._has_room(reserve):
                 self._memory_freed.wait()
             self._in_use[session_id] = reserve
             self._evict_to_fit(keep=session_id)
@@ -170,16 +170,12 @@ class TokenTier:
     def fits(self, reserve_tokens: int) -> bool:
         """Whether a turn reserving `reserve_tokens` would start now rather than wait for memory (`checkout`)."""
         with self._lock:
-            reserve = reserve_tokens * self.bytes_per_token
-            return not self._in_use or sum(self._in_use.values()) + self._prefix_bytes() + reserve <= self.config.memory_budget_bytes
+            return self._has_room(reserve_tokens * self.bytes_per_token)
 
     def room_for_another(self) -> bool:
         """Whether one more turn the size of those running now would start at once (admission's cheap check)."""
         with self._lock:
-            if not self._in_use:
-                return True
-            held = sum(self._in_use.values())
-            return held + self._prefix_bytes() + held / len(self._in_use) <= self.config.memory_budget_bytes
+            return not self._in_use or self._has_room(sum(self._in_use.values()) // len(self._in_use))
 
     def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
         """Give a session's cache back after its turn; `ids` are exactly the positions it holds.
@@ -252,8 +248,11 @@ class TokenTier:
 
     # -- memory -------------------------------------------------------------------------
 
-    def _prefix_bytes(self) -> int:
-        return sum(e.nbytes for e in self._prefixes.values())
+    def _has_room(self, reserve: int) -> bool:
+        """Whether a turn reserving `reserve` bytes fits beside the turns in flight and the prefixes,
+        every idle session evicted; a turn alone always starts, whatever its size."""
+        held = sum(self._in_use.values()) + sum(e.nbytes for e in self._prefixes.values())
+        return not self._in_use or held + reserve <= self.config.memory_budget_bytes
 
     def resident_bytes(self) -> int:
         with self._lock:
