@@ -22,6 +22,7 @@ import torch
 
 from ..config import default_data_dir
 from ..errors import ModelNotFoundError
+from .few_rows import use_few_rows_matmul
 from .scheduler import Scheduler
 from .weights_identity import weight_digests, weight_files, weights_identity
 
@@ -188,6 +189,8 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
     # PreTrainedModel.to is wrapped in functools.wraps, which typeshed types as a plain
     # callable: mypy does not bind `self`, so it reads `device` as the model.
     model.to(device).eval()  # type: ignore[arg-type]
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        use_few_rows_matmul(model)
     identity = weights_identity(model, _weights_dir(source))
     return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity)
 
