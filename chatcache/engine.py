@@ -375,6 +375,12 @@ class ChatEngine:
         finally:
             conversation.lock.release()
 
+    def least_prefill(self, text: str) -> int:
+        """The fewest prompt tokens a turn on `text` leaves to the model: its message's own, since
+        everything before it may be in the session's KV. Cheap (the tokenizer alone), so admission
+        control can refuse a turn that surely cannot start in time before the engine runs it."""
+        return len(self.renderer.encode_text(text))
+
     def _given_conversation(self, messages: Sequence[Message], kv_key: str | None = None) -> tuple[Conversation, Message]:
         """The caller's conversation before its last (user) message, keyed `kv_key` (default: by
         its start, `conversation_key`), and that message."""
@@ -542,8 +548,9 @@ class ChatEngine:
     ) -> Generator[str, None, None]:
         """One turn, through its steps in order: receive, understand, serve, commit."""
         turn = Turn(session_id, params, time.perf_counter(), Message("user", text), admit=admit)
-        # Checked before the session is opened, so a refused first message creates nothing; a
-        # new session's system message is the bot's prompt alone (it has no facts yet).
+        # Checked before the session is opened, so an oversized first message creates nothing (one
+        # refused later is deleted again); a new session's system message is the bot's prompt
+        # alone (it has no facts yet).
         bare_system = Message("system", self.system_prompt) if self.system_prompt else None
         self._check_fits(bare_system, turn.user, params.max_new_tokens)
         with (
@@ -566,6 +573,7 @@ class ChatEngine:
                 if not turn.committed:  # what the turn changed in memory was never stored
                     self.conversations.forget(session_id)
                     self._release_topic(session_id)  # the drift topic resumes from the stored turns
+                    self.conversations.discard_if_created_empty(conversation)
             if turn.committed or (turn.context.awaiting_agent and turn.user_seq == conversation.last_seq):
                 holder.append(self._reply_of(turn))
 

@@ -17,8 +17,9 @@ the turn until a running one ends (a wait nothing here predicts), the request is
 a retry time.
 Answer-cache hits and the flow's own questions never reach this point: they cost no model time.
 
-`saturated` answers the same question for a request that would prefill nothing, before any
-work: the server refuses at once (well under 50 ms) a turn that surely needs the model, and
+`saturated` answers the same question before any work, for a request that prefills at least
+its new message (everything before it may be in the session's KV): the server refuses at once
+(well under 50 ms) a turn that surely needs the model and surely cannot start in time, and
 lets through the turns the answer cache may serve.
 """
 
@@ -107,10 +108,10 @@ class AdmissionControl:
         step_s = rates.decode_step(rows) if running or ahead else 0.0
         return (sum(ahead) + prefill_tokens) * per_token + steps * step_s
 
-    def saturated(self) -> Overloaded | None:
-        """Why even a request with nothing to prefill would be refused now, if it would."""
+    def saturated(self, least_prefill_tokens: int = 0) -> Overloaded | None:
+        """Why a request prefilling at least `least_prefill_tokens` would be refused now, if it surely would."""
         with self._lock:
-            refusal = self._refusal(self.predict(0, list(self._waiting.values())) + self.overhead_s)
+            refusal = self._refusal(self.predict(least_prefill_tokens, list(self._waiting.values())) + self.overhead_s)
         if refusal is None and self.slo_s is not None and not self.memory_room():
             refusal = Overloaded("memory", 1.0, "The running turns hold all the KV memory.")
         return refusal

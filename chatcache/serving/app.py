@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from storage import StorageError, UnknownSessionError
+from storage import StorageError
 
 from ..engine import ChatEngine, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
@@ -128,19 +128,15 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             if len(body.messages) != 1 or body.messages[0].role != "user":
                 raise ApiError(400, "With X-Session-Id the server keeps the conversation: send only the new user message.", "invalid_request_error", "invalid_request")
             stored = _stored(tenant, x_session_id)
-            new = await asyncio.to_thread(_is_new, s, stored)
 
             def start(ticket: Ticket) -> ReplyStream:
                 return engine.stream(stored, body.messages[0].message().content, **options, admit=ticket.admit)
 
-            def refused() -> None:  # a refused first turn leaves no empty session behind
-                if new and not s.tenants.store.messages(stored, limit=1):
-                    s.tenants.store.delete_session(stored)
-
             def cache_may_serve() -> bool:
                 return engine.may_answer_without_model(body.messages[0].message().content, session_id=stored, temperature=body.temperature)
 
-            return await answer_turn(s, start, cache_may_serve, body, s.hold_session(stored), x_session_id, refused)
+            least = engine.least_prefill(body.messages[0].message().content)
+            return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), x_session_id)
         messages = [m.message() for m in body.messages]
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
 
@@ -150,7 +146,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         def given_may_skip() -> bool:
             return engine.may_answer_without_model(messages[-1].content, messages=messages, temperature=body.temperature)
 
-        return await answer_turn(s, start_given, given_may_skip, body, lambda: None, None)
+        return await answer_turn(s, start_given, given_may_skip, engine.least_prefill(messages[-1].content), body, lambda: None, None)
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: schemas.SessionCreate | None = None, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -205,7 +201,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         def cache_may_serve() -> bool:
             return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature)
 
-        return await answer_turn(s, start, cache_may_serve, body, s.hold_session(stored), session_id)
+        return await answer_turn(s, start, cache_may_serve, engine.least_prefill(body.content), body, s.hold_session(stored), session_id)
 
     @app.post("/v1/sessions/{session_id}/agent", status_code=201)
     async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -238,14 +234,6 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         return HTMLResponse(resources.files("chatcache.serving").joinpath("static/chat.html").read_text(encoding="utf-8"))
 
     return app
-
-
-def _is_new(s: Server, stored: str) -> bool:
-    try:
-        s.tenants.store.get_session(stored)
-    except UnknownSessionError:
-        return True
-    return False
 
 
 def _stored(tenant: str, session_id: str) -> str:

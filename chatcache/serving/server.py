@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformers import DynamicCache
+
 from storage import SessionStore
 
-from ..config import TokenTierConfig, default_data_dir
+from ..config import GenerationConfig, TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
 from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message
@@ -26,7 +28,10 @@ from .settings import ServeSettings
 from .tenants import TenantEngines
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
-WARM_UP_ROWS = 4  # the warm-up's second step size: the decode cost per row is known from the start
+# Batch sizes the warm-up decodes together besides one alone: predictions at large batches read
+# off a measured line from the start (extrapolated from 1 and 4 rows, the first 20-row turns of
+# a burst were predicted 0.3-3.1 s and took 4-6 s).
+WARM_UP_BATCHES = (4, 16)
 
 
 @dataclass
@@ -113,20 +118,22 @@ def served_model_id(name: str) -> str:
 
 
 def warm_up(server: Server) -> None:
-    """Short off-the-record answers, alone and several at once, so the scheduler has measured its
-    prefill rate and decode steps of two batch sizes before the first client is admitted."""
+    """One short off-the-record answer through the engine, then decode steps of each of
+    `WARM_UP_BATCHES` rows on the scheduler, so it has measured its prefill rate and the step
+    costs of those batch sizes before the first client is admitted. Nothing is left behind:
+    the engine's answer is sampled (the answer cache keeps no sampled reply) and its KV
+    dropped, and the batches' caches are the warm-up's own."""
     engine = server.tenants(sorted(server.keys.tenants)[0])
-
-    def answer(index: int) -> None:
-        # Sampled: the answer cache keeps no sampled reply, so the warm-up leaves nothing behind.
-        reply = engine.complete([Message("user", f"Hello {index}")], kv_key=f"warm-up-{index}", max_new_tokens=8, temperature=1.0, seed=index)
-        for _ in reply:
-            pass
-        engine.token_tier.drop(f"warm-up-{index}")
-
-    answer(0)
-    together = [threading.Thread(target=answer, args=(i,)) for i in range(1, WARM_UP_ROWS + 1)]
-    for thread in together:
-        thread.start()
-    for thread in together:
-        thread.join()
+    reply = engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0)
+    for _ in reply:
+        pass
+    engine.token_tier.drop("warm-up")
+    scheduler, config = server.chat_model.scheduler, server.chat_model.model.config
+    prompt = engine.renderer.encode_text("Hello, how can I help you today?")
+    for rows in WARM_UP_BATCHES:
+        # No end-of-reply ids: every row decodes until all have joined, so the batch reaches `rows`.
+        params = GenerationConfig(max_new_tokens=rows + 1)
+        requests = [scheduler.submit(DynamicCache(config=config), prompt, params, set()) for _ in range(rows)]
+        for request in requests:
+            for _ in request:
+                pass

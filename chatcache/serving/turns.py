@@ -24,19 +24,20 @@ async def answer_turn(
     s: Server,
     start: Callable[[Ticket], ReplyStream],
     may_skip_model: Callable[[], bool],
+    least_prefill: int,
     body: schemas.Generation,
     release: Callable[[], None],
     session_id: str | None,
-    refused: Callable[[], None] = lambda: None,
 ) -> JSONResponse | StreamingResponse:
     """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed.
 
-    While even a turn with nothing to prefill would be refused, a turn that surely needs the
-    model is refused at once, before the engine does any work (its 429 in a few milliseconds);
-    one the answer cache may serve goes on, and admission decides once its prefill is known.
+    While even a turn prefilling only its new message (`least_prefill` tokens) would be refused,
+    a turn that surely needs the model is refused at once, before the engine does any work (its
+    429 in a few milliseconds); one the answer cache may serve goes on, and admission decides
+    once its prefill is known.
     """
     arrived = time.perf_counter()
-    refusal = s.admission.saturated()
+    refusal = s.admission.saturated(least_prefill)
     if refusal is not None and not await asyncio.to_thread(may_skip_model):
         release()
         s.metrics.rejections.labels(refusal.reason).inc()
@@ -53,7 +54,6 @@ async def answer_turn(
         release()
         if isinstance(error, Overloaded):
             s.metrics.rejections.labels(error.reason).inc()
-            await asyncio.to_thread(refused)
         if isinstance(error, asyncio.CancelledError):
             raise
         raise api_error(error) from None

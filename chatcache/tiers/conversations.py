@@ -27,7 +27,7 @@ from typing import Any
 
 from datetime import datetime, timezone
 
-from storage import Fact, FactKind, NewFact, SessionHead, SessionStore
+from storage import ChatSession, Fact, FactKind, NewFact, SessionExistsError, SessionHead, SessionStore, UnknownSessionError
 from storage import Message as StoredMessage
 from storage.rules import text_problem
 
@@ -62,6 +62,7 @@ class Conversation:
     last_seq: int = 0  # the newest stored message this copy has seen
     lease: str | None = None  # the turn lease's holder while a turn runs
     lock: threading.Lock = field(default_factory=threading.Lock)
+    created_empty: bool = False  # its session row was created for this turn, which has recorded nothing yet
 
     def window(self, start: int | None = None) -> list[Message]:
         """System message then the turns from `start` (default: the current window start)."""
@@ -152,13 +153,22 @@ class Conversations:
             loaded = self._loaded.get(session_id)
             if loaded is not None:
                 return loaded
-        if create:
-            session = self.store.get_or_create_session(session_id, self.user_id, self.bot)
-        else:
-            session = self.store.get_session(session_id)
+        session, created = self._get_or_create(session_id) if create else (self.store.get_session(session_id), False)
         conversation = self._rebuild(session_id, session.state, session.version)
+        conversation.created_empty = created
         with self._lock:
             return self._loaded.setdefault(session_id, conversation)
+
+    def _get_or_create(self, session_id: str) -> tuple[ChatSession, bool]:
+        """The session, created if it does not exist yet, and whether this call created it."""
+        try:
+            self.store.get_session(session_id)
+        except UnknownSessionError:
+            try:
+                return self.store.create_session(session_id, self.user_id, self.bot), True
+            except SessionExistsError:
+                pass  # another thread or process created it in between
+        return self.store.get_or_create_session(session_id, self.user_id, self.bot), False
 
     def _rebuild(self, session_id: str, state: dict[str, Any], version: int) -> Conversation:
         facts = self.store.facts(session_id)
@@ -251,8 +261,16 @@ class Conversations:
     def record_user(self, conversation: Conversation, text: str, tokens: int) -> int:
         """Store the user's message before anything can fail; returns its seq, which the reply names."""
         message = self.store.append_message(conversation.id, "user", text, tokens, lease=conversation.lease)
-        conversation.last_seq = message.seq
+        conversation.last_seq, conversation.created_empty = message.seq, False
         return message.seq
+
+    def discard_if_created_empty(self, conversation: Conversation) -> None:
+        """Delete the session again if this turn created it and recorded nothing (refused, or
+        failed before its first write): a refused first message leaves no session behind. Called
+        with the turn lease held, so no other process can have written to it."""
+        if conversation.created_empty:
+            self.forget(conversation.id)
+            self.store.delete_session(conversation.id)
 
     def commit(
         self, conversation: Conversation, user: Message, user_seq: int, reply: Message, meta: dict[str, Any]

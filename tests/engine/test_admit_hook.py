@@ -61,3 +61,16 @@ def test_the_flows_own_questions_never_ask_for_admission(bank) -> None:  # type:
     engine.release_session("s")
     asked = list(engine.stream("t", TURNS[0], max_new_tokens=6, admit=refuse))
     assert "".join(asked) == reply.text
+
+
+def test_a_refused_first_turn_leaves_no_session_but_a_created_empty_one_stays(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank("first")
+    with pytest.raises(Refused):
+        list(engine.stream("new", TURNS[2], max_new_tokens=6, admit=refuse))
+    assert [s.id for s in engine.sessions()] == []  # the row its first turn created is gone again
+    engine.create_session("made")  # made empty on purpose (the sessions API): a refusal keeps it
+    with pytest.raises(Refused):
+        list(engine.stream("made", TURNS[2], max_new_tokens=6, admit=refuse))
+    assert [s.id for s in engine.sessions()] == ["made"]
+    assert engine.chat("new", TURNS[2], max_new_tokens=6).text  # the id is free: the retry starts it
+    assert len(engine.store.messages("new")) == 2

@@ -84,6 +84,30 @@ def test_a_refused_turn_gets_429_with_retry_after_and_records_nothing(serve) -> 
     assert 'chatcache:rejections_total{reason="slo"} 2.0' in metrics
 
 
+def test_a_message_too_long_to_start_in_time_is_refused_before_the_engine_runs(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The fast path counts the new message's own tokens: a turn that surely misses the SLO gets
+    its 429 before the engine does any work, and a short one still goes on."""
+    live = serve(ttft_slo=1.0, answer_cache=False, drift=False)
+    server = live.app.state.server
+    engine = server.tenants("default")
+    started: list[str] = []
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda *a, **k: started.append("stream") or stream(*a, **k))
+    measured = server.admission.scheduler.rates
+    server.admission.scheduler.rates = StepRates(prefill_s_per_token=0.01, decode_step_s={1: 0.01})
+    try:
+        with live.client() as http:
+            body = {"model": live.model_id, "messages": [{"role": "user", "content": "word " * 300}], "max_tokens": 4}
+            refused = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "s"})
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "slo"
+            assert started == []  # 300 tokens at 10 ms: 3 s, over the 1 s SLO before the engine ran
+            body["messages"][0]["content"] = "Hello"
+            assert http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "s"}).status_code == 200
+            assert started == ["stream"]
+    finally:
+        server.admission.scheduler.rates = measured
+
+
 def test_the_queue_bound_refuses_under_real_concurrency(serve) -> None:  # type: ignore[no-untyped-def]
     live = serve(max_queue=1, answer_cache=False, drift=False)
     statuses: list[int] = []
@@ -173,6 +197,13 @@ def test_with_an_slo_a_turn_that_would_wait_for_kv_memory_is_refused(scheduler) 
     without = AdmissionControl(scheduler, slo_s=None, max_queue=8)
     without.ticket().admit(10, fits_in_memory=False)  # no promise to keep: it waits its turn
     assert without.waiting == 1
+
+
+def test_saturation_counts_the_fewest_tokens_the_request_prefills(scheduler) -> None:  # type: ignore[no-untyped-def]
+    control = AdmissionControl(scheduler, slo_s=1.0, max_queue=8)
+    assert control.saturated() is None and control.saturated(least_prefill_tokens=900) is None
+    refusal = control.saturated(least_prefill_tokens=2000)  # 2 s of prefill at 1 ms a token
+    assert refusal is not None and refusal.reason == "slo"
 
 
 def test_while_the_running_turns_hold_the_kv_memory_saturation_says_so(scheduler) -> None:  # type: ignore[no-untyped-def]

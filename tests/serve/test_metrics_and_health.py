@@ -67,7 +67,7 @@ def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve) -> None
     live = serve(answer_cache=True, drift=True)
     server = live.app.state.server
     rates = server.chat_model.scheduler.rates
-    assert rates.prefill_s_per_token is not None and len(rates.decode_step_s) >= 2  # two batch sizes
+    assert rates.prefill_s_per_token is not None and {1, 16} <= rates.decode_step_s.keys()  # small and large batches
     engine = server.tenants("default")
     assert engine.answer_cache.stats.stores == 0 and engine.store.list_sessions() == []
     assert server.tenants.token_tier.stats().sessions_in_memory == 0
