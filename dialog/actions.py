@@ -10,6 +10,9 @@ a JSON-able mapping, and the user sees the flow's `response` template filled wit
 or returns something that is not JSON, gets the flow's `error_response` (or a default offering
 a human) and is logged; the flow ends either way, so the dialogue state stays consistent.
 
+An action that only reads may keep its result for a while (`cache_ttl_s`), and one that changes
+what others read drops their kept results (`invalidates`): `dialog.results`.
+
 Loading a bot's actions runs its module: it is the bot developer's code, as a YAML file is
 their configuration. Nothing here imports a model library.
 """
@@ -22,13 +25,14 @@ import json
 import logging
 import string
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .definition import BotDefinition
+from .results import ToolResults
 
 log = logging.getLogger("chatcache.actions")
 MARK = "__chatcache_action__"
@@ -36,11 +40,32 @@ DEFAULT_ERROR_RESPONSE = "Sorry, I could not do that just now. Would you like me
 Function = TypeVar("Function", bound=Callable[..., Any])
 
 
-def action(name: str) -> Callable[[Function], Function]:
-    """Mark a function as the action `name` of the bot whose actions module defines it."""
+@dataclass(frozen=True)
+class ActionSpec:
+    """What `@action` says of a function: its name, how long its result may be kept (None: it
+    runs every time), and the actions whose kept results it makes stale."""
+
+    name: str
+    cache_ttl_s: float | None = None
+    invalidates: tuple[str, ...] = ()
+
+
+def action(name: str, *, cache_ttl_s: float | None = None, invalidates: Sequence[str] = ()) -> Callable[[Function], Function]:
+    """Mark a function as the action `name` of the bot whose actions module defines it.
+
+    Args:
+        name: the name flows call it by.
+        cache_ttl_s: keep its result this long per tenant, user and arguments; only for an
+            action that reads (a balance for seconds, opening hours for a day).
+        invalidates: actions whose kept results, for every user of the tenant, are dropped once
+            this one succeeds (a transfer invalidates the balance).
+    """
+    if cache_ttl_s is not None and cache_ttl_s <= 0:
+        raise ValueError(f"action {name!r}: cache_ttl_s must be positive, or None to run it every time")
+    spec = ActionSpec(name, cache_ttl_s, tuple(invalidates))
 
     def mark(function: Function) -> Function:
-        setattr(function, MARK, name)
+        setattr(function, MARK, spec)
         return function
 
     return mark
@@ -65,9 +90,10 @@ class ActionOutcome:
     result: dict[str, Any] | None
     reply: str
     error: str | None = None
+    cached: bool = False  # the result was a kept one: the function did not run
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "arguments": self.arguments, "result": self.result, "error": self.error}
+        return {"name": self.name, "arguments": self.arguments, "result": self.result, "error": self.error, "cached": self.cached}
 
 
 class ActionError(ValueError):
@@ -79,17 +105,26 @@ class Actions:
 
     Args:
         bot: the bot whose flows call them.
-        functions: action name to function.
+        functions: action name to function (marked `@action`, or taken as run every time).
 
     Raises:
-        ActionError: a flow's action has no function, or a function takes a parameter that is
-            neither one of its intent's slots nor `context`.
+        ActionError: a flow's action has no function, a function takes a parameter that is
+            neither one of its intent's slots nor `context`, or it invalidates an action the
+            module does not define.
     """
 
     def __init__(self, bot: BotDefinition, functions: Mapping[str, Callable[..., Any]]) -> None:
         self.bot = bot
         self._functions = dict(functions)
+        self._specs = {name: getattr(function, MARK, ActionSpec(name)) for name, function in functions.items()}
+        self.results = ToolResults()
         problems = [problem for intent, flow in bot.flows.items() if flow.action for problem in self._check(intent, flow.action)]
+        problems += [
+            f"action '{spec.name}' invalidates '{other}', which the actions module does not define"
+            for spec in self._specs.values()
+            for other in spec.invalidates
+            if other not in self._functions
+        ]
         if problems:
             raise ActionError("; ".join(problems))
 
@@ -112,7 +147,7 @@ class Actions:
             spec.loader.exec_module(module)
         except Exception as exc:
             raise ActionError(f"the actions module {path} failed to import: {exc!r}") from exc
-        functions = {getattr(value, MARK): value for value in vars(module).values() if callable(value) and hasattr(value, MARK)}
+        functions = {getattr(value, MARK).name: value for value in vars(module).values() if callable(value) and hasattr(value, MARK)}
         return cls(bot, functions)
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
@@ -131,11 +166,15 @@ class Actions:
         ]
 
     def perform(self, intent: str, slots: Mapping[str, str], context: ActionContext) -> ActionOutcome:
-        """Call the action of `intent`'s flow and render its reply; a failure is an outcome too."""
+        """Call the action of `intent`'s flow, or take its kept result, and render its reply; a
+        failure is an outcome too (never kept, and it invalidates what the action would have)."""
         flow = self.bot.flow(intent)
         assert flow.action is not None
-        function = self._functions[flow.action]
+        function, spec = self._functions[flow.action], self._specs[flow.action]
         arguments = {name: slots[name] for name in self.bot.intent(intent).slots if name in slots}
+        scope = ToolResults.scope(context.tenant, context.user_id, spec.name, arguments)
+        if spec.cache_ttl_s is not None and (kept := self.results.get(scope)) is not None:
+            return ActionOutcome(flow.action, arguments, kept, _render(flow.response or "Done.", arguments, kept), cached=True)
         try:
             result = function(**self._typed(function, arguments, context))
             if not isinstance(result, Mapping):
@@ -145,8 +184,12 @@ class Actions:
             log.exception("action %r failed for session %r", flow.action, context.session_id)
             reply = flow.error_response or DEFAULT_ERROR_RESPONSE
             return ActionOutcome(flow.action, arguments, None, _render(reply, arguments, {}), error=repr(exc))
-        reply = flow.response or "Done."
-        return ActionOutcome(flow.action, arguments, result, _render(reply, arguments, result))
+        finally:  # even a failed transfer may have moved money before it raised
+            if spec.invalidates:
+                self.results.invalidate(context.tenant, spec.invalidates)
+        if spec.cache_ttl_s is not None:
+            self.results.put(scope, result, spec.cache_ttl_s)
+        return ActionOutcome(flow.action, arguments, result, _render(flow.response or "Done.", arguments, result))
 
     def _typed(self, function: Callable[..., Any], arguments: Mapping[str, str], context: ActionContext) -> dict[str, Any]:
         kinds = {slot.name: slot.kind for slot in self.bot.slots}

@@ -76,7 +76,7 @@ class ServerMetrics:
 
 
 class _State(Collector):
-    """Read at scrape time: the worker's queue, the token tier's memory and counters, the answer caches."""
+    """Read at scrape time: the worker's queue, the token tier's memory and counters, the answer and tool-result caches."""
 
     def __init__(
         self,
@@ -114,3 +114,12 @@ class _State(Collector):
         yield CounterMetricFamily("chatcache:answer_cache_lookups", "Answer-cache lookups.", value=lookups)
         yield CounterMetricFamily("chatcache:answer_cache_hits", "Answers served from the answer cache.", value=hits)
         yield CounterMetricFamily("chatcache:answer_cache_stores", "Answers kept in the answer cache.", value=stores)
+        results = [engine.actions.results.stats for engine in self.engines() if engine.actions is not None]
+        yield CounterMetricFamily("chatcache:tool_result_cache_hits", "Action results served from the tool-result cache.", value=sum(r.hits for r in results))
+        yield CounterMetricFamily(
+            "chatcache:tool_result_cache_misses", "Cacheable action results not kept (the action ran).", value=sum(r.misses for r in results)
+        )
+        yield CounterMetricFamily(
+            "chatcache:tool_result_cache_invalidations", "Kept action results dropped by an action that changed them.",
+            value=sum(r.invalidated for r in results),
+        )  # fmt: skip
