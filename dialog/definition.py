@@ -64,8 +64,10 @@ class Flow(_Strict):
     """What the bot does once an intent is detected: ask, confirm, act; or hand off.
 
     `response` is what the user sees once `action` ran: a template of the intent's slots and
-    the action's result (`{result.reference}`); `error_response` when the action failed. A
-    hand-off flow's `response` is what the bot says as it hands the conversation to a person.
+    the action's result (`{result.reference}`); `error_response` when the action failed. A flow
+    without an action may have a `response` too: the intent's fixed reply, given once its slots
+    are in (and confirmed), so the model never words it. A hand-off flow's `response` is what
+    the bot says as it hands the conversation to a person.
     """
 
     ask: dict[str, str] = {}
@@ -84,6 +86,9 @@ class BotDefinition(_Strict):
     slots: list[Slot] = []
     flows: dict[str, Flow] = {}
     actions: str | None = None  # the Python module of the flows' actions, beside the YAML (`dialog.actions`)
+    # The reply to a message no intent fits, outside a flow (mid-flow the flow asks again);
+    # without one the model answers it.
+    fallback: str | None = Field(default=None, min_length=1)
 
     def intent(self, name: str) -> Intent:
         """Return the intent called `name` (KeyError if there is none)."""
@@ -150,11 +155,9 @@ def _flow_errors(name: str, flow: Flow, bot: BotDefinition | None) -> list[tuple
             errors.append((("flows", name, "ask"), f"no prompt for slot '{slot}'"))
     if flow.error_response and not flow.action:
         errors.append((("flows", name, "error_response"), "an error response needs an action that can fail"))
-    if flow.response and not (flow.action or flow.hand_off):
-        errors.append((("flows", name, "response"), "a response needs an action to respond to, or a hand-off to announce"))
     for key, template, extra in (
         ("confirm", flow.confirm, set()),
-        ("response", flow.response, {"result"}),
+        ("response", flow.response, {"result"} if flow.action else set()),
         ("error_response", flow.error_response, set()),
     ):
         if template is None:

@@ -1,9 +1,9 @@
 """One user turn through the dialogue layer: classify, extract slots, step the state machine.
 
 The manager turns text into exactly one event per turn and says what the bot should do next
-(ask for a slot, ask for confirmation, perform an action, or nothing special). It does not
-perform actions: when a decision carries an `action`, the caller performs it and then applies
-an ACTED event, e.g. with `apply_with_retry`. A turn in a state that takes no user input
+(ask for a slot, ask for confirmation, perform an action, give the flow's fixed response or
+the bot's fallback to what no intent fits, or nothing special). It does not perform actions: when a decision carries an `action`, the caller
+performs it and then applies an ACTED event, e.g. with `apply_with_retry`. A turn in a state that takes no user input
 (ACTING, HANDED_OFF) raises `IllegalTransitionError`; the caller routes such turns elsewhere.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .classifier import IntentClassifier
-from .definition import OUT_OF_SCOPE, BotDefinition
+from .definition import OUT_OF_SCOPE, BotDefinition, Flow
 from .slots import SlotExtractor
 from .state_machine import DialogueEvent, DialogueStateMachine, EventType, State
 
@@ -35,7 +35,8 @@ class TurnDecision:
         intent: The intent the conversation is about now ("out_of_scope" if none).
         confidence: The classifier confidence the intent was detected with.
         confirmed: The user confirmed the flow, or the confidence exceeded `promote_threshold`.
-        prompt: What the bot should ask next (a missing slot or the confirmation), if anything.
+        prompt: What the bot says, if the flow says it: the next question (a missing slot or the
+            confirmation), or the fixed response of a flow without an action.
         cacheable: Answers to this intent may be served from the answer cache.
         action: The flow's action to perform now, when the flow reached ACTING.
     """
@@ -89,8 +90,22 @@ class DialogueManager:
             IllegalTransitionError: The conversation is in a state that takes no user turn.
         """
         machine = DialogueStateMachine.from_dict(state) if state else DialogueStateMachine()
-        machine.apply(self._event(machine, text, turn_id, embedding))
-        return self._decide(machine)
+        event = self._event(machine, text, turn_id, embedding)
+        machine.apply(event)
+        response = self._fixed_response(machine, turn_id)
+        if event.type == EventType.OUT_OF_SCOPE and machine.state == State.IDLE:
+            response = self.bot.fallback  # no intent fits and no flow is asking: the bot's own answer, if it has one
+        return self._decide(machine, response)
+
+    def _fixed_response(self, machine: DialogueStateMachine, turn_id: str | None) -> str | None:
+        """A flow with a response and no action to run, once it may act: its reply, and the flow is done."""
+        if machine.state != State.ACTING or machine.intent is None:
+            return None
+        flow = self.bot.flow(machine.intent)
+        if flow.action is not None or flow.response is None:
+            return None
+        machine.apply(DialogueEvent(EventType.ACTED, event_id=f"{turn_id}:responded" if turn_id else None))
+        return flow.response.format(**machine.slots)
 
     def _event(
         self, machine: DialogueStateMachine, text: str, turn_id: str | None, embedding: np.ndarray | None
@@ -128,22 +143,26 @@ class DialogueManager:
         }
         return DialogueEvent(EventType.INTENT_DETECTED, payload, turn_id)
 
-    def _decide(self, machine: DialogueStateMachine) -> TurnDecision:
+    def _decide(self, machine: DialogueStateMachine, response: str | None) -> TurnDecision:
         intent = machine.intent if machine.intent is not None else OUT_OF_SCOPE
         flow = self.bot.flow(intent) if intent != OUT_OF_SCOPE else None
-        prompt = None
-        if flow is not None and machine.state == State.COLLECTING_SLOTS:
-            prompt = flow.ask[machine.missing_slots[0]]
-        elif flow is not None and machine.state == State.CONFIRMING and flow.confirm is not None:
-            prompt = flow.confirm.format(**machine.slots)
-        elif machine.state == State.HANDED_OFF:  # just handed off: `handle` takes no turn there
-            prompt = (flow.response if flow is not None else None) or HANDOFF_REPLY
         return TurnDecision(
             state=machine.to_dict(),
             intent=intent,
             confidence=machine.confidence,
             confirmed=machine.confirmed or machine.confidence > self.promote_threshold,
-            prompt=prompt,
+            prompt=response if response is not None else self._question(machine, flow),
             cacheable=intent != OUT_OF_SCOPE and self.bot.intent(intent).cacheable,
             action=flow.action if flow is not None and machine.state == State.ACTING else None,
         )
+
+    @staticmethod
+    def _question(machine: DialogueStateMachine, flow: Flow | None) -> str | None:
+        """What the flow asks next (a missing slot, the confirmation), or says as it hands off."""
+        if flow is not None and machine.state == State.COLLECTING_SLOTS:
+            return flow.ask[machine.missing_slots[0]]
+        if flow is not None and machine.state == State.CONFIRMING and flow.confirm is not None:
+            return flow.confirm.format(**machine.slots)
+        if machine.state == State.HANDED_OFF:  # just handed off: `handle` takes no turn there
+            return (flow.response if flow is not None else None) or HANDOFF_REPLY
+        return None
