@@ -47,13 +47,21 @@ class TokenTierConfig:
 
 @dataclass
 class GenerationConfig:
-    """Decoding settings of one turn. Greedy unless a temperature is given."""
+    """Decoding settings of one turn. Greedy unless a temperature is given.
+
+    `repetition_penalty` (1 is none) lowers the logit of every token among the reply's last
+    `REPEAT_WINDOW` tokens, as llama.cpp's and Ollama's default of 1.1 over the last 64 does:
+    a positive logit is divided by it, a negative one multiplied. Only the reply's own tokens
+    count, so an account number the customer gave may be repeated back. It keeps greedy
+    decoding deterministic, so its answers stay cacheable.
+    """
 
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         # Type checks first: a string or a float here would fail deep in sampling, and NaN
@@ -64,6 +72,8 @@ class GenerationConfig:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 is greedy), got {self.temperature!r}")
         if not _is_finite(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not _is_finite(self.repetition_penalty) or self.repetition_penalty < 1:
+            raise ConfigError(f"repetition_penalty must be a number >= 1 (1 is none; below 1 would reward repeating), got {self.repetition_penalty!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise ConfigError(f"seed must be a whole number or None, got {self.seed!r}")
         if isinstance(self.stop, str):

@@ -72,18 +72,6 @@ def conversation_key(messages: Sequence[Message]) -> str:
     return "lc:" + hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
-def _generation(
-    max_new_tokens: int, temperature: float, top_p: float, stop: str | Sequence[str] | None, seed: int | None
-) -> GenerationConfig:
-    return GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        stop=tuple([stop] if isinstance(stop, str) else stop or ()),
-        seed=seed,
-    )
-
-
 @dataclass
 class Turn:
     """One user turn as it flows through the engine's steps; each step fills in what it decided."""
@@ -206,7 +194,7 @@ class ChatEngine:
         self.answers = (
             CachedAnswers(
                 self.answer_cache,
-                Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), tenant),
+                Scope(self._answers_model(), bot_fingerprint(self.system_prompt), tenant),
                 self.runner,
                 self.conversations,
                 self.renderer,
@@ -249,6 +237,31 @@ class ChatEngine:
         config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
         return ContextCoordinator(self.conversations, self.turn_tier, self._embed, self.bot, config, promote_threshold)
 
+    def _answers_model(self) -> str:
+        """What the answer cache keys answers' model by: the weights, and the default decoding
+        every kept answer was made with (a changed repetition penalty gives other answers)."""
+        penalty = self.chat_model.repetition_penalty
+        return self.chat_model.identity if penalty == 1.0 else f"{self.chat_model.identity} repetition_penalty={penalty:g}"
+
+    def _generation(
+        self,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: str | Sequence[str] | None,
+        seed: int | None,
+        repetition_penalty: float | None,
+    ) -> GenerationConfig:
+        """One turn's decoding settings; no repetition penalty given is the model's own default."""
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=tuple([stop] if isinstance(stop, str) else stop or ()),
+            seed=seed,
+            repetition_penalty=self.chat_model.repetition_penalty if repetition_penalty is None else repetition_penalty,
+        )
+
     # -- public API -------------------------------------------------------------------
 
     def chat(self, session_id: str, text: str, **generation: object) -> Reply:
@@ -270,9 +283,11 @@ class ChatEngine:
         stop: str | list[str] | tuple[str, ...] | None = None,
         seed: int | None = None,
         admit: Admit | None = None,
+        repetition_penalty: float | None = None,
     ) -> ReplyStream:
         """Answer `text`, yielding text pieces as tokens are generated; `admit` may refuse a
-        turn that needs the model before anything is recorded (see `Admit`).
+        turn that needs the model before anything is recorded (see `Admit`). Without a
+        `repetition_penalty` the model's default applies (`ChatModel.repetition_penalty`).
 
         Raises:
             InvalidMessageError: empty text or text no database can store (at once), or a
@@ -280,7 +295,7 @@ class ChatEngine:
                 recorded either way; a new session is not even created.
             ConfigError: a decoding setting that can never work (at once).
         """
-        params = _generation(max_new_tokens, temperature, top_p, stop, seed)
+        params = self._generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
         check_storable(text)
@@ -298,10 +313,11 @@ class ChatEngine:
         stop: str | list[str] | tuple[str, ...] | None = None,
         seed: int | None = None,
         admit: Admit | None = None,
+        repetition_penalty: float | None = None,
     ) -> AsyncReplyStream:
         """`stream` for asyncio code: `async for piece in engine.astream(...)`, called inside a
         running event loop; the same errors, raised at once or when iteration starts."""
-        return AsyncReplyStream(self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed, admit))
+        return AsyncReplyStream(self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed, admit, repetition_penalty))
 
     def complete(
         self,
@@ -313,6 +329,7 @@ class ChatEngine:
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
         admit: Admit | None = None,
+        repetition_penalty: float | None = None,
     ) -> ReplyStream:
         """Answer the last user message of a conversation the caller keeps (LangChain's way, or
         an OpenAI-style request), through the same steps as a session's turn but recording nothing.
@@ -329,7 +346,7 @@ class ChatEngine:
                 last message that is not the user's or is empty (at once), or a conversation
                 that does not fit the context window (when iteration starts).
         """
-        params = _generation(max_new_tokens, temperature, top_p, stop, seed)
+        params = self._generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
         conversation, question = self._given_conversation(messages, kv_key)
         system = conversation.system
         turn = Turn(
@@ -453,7 +470,7 @@ class ChatEngine:
             answered = {m.reply_to for m in messages if m.role.value == "assistant"}
             waiting = [m.seq for m in messages if m.role.value == "user" and m.seq not in answered]
             tokens = len(self.renderer.encode_text(text))
-            meta = {"tier": "agent", "agent": agent, "dialogue_state": "HANDED_OFF"}
+            meta = {"tier": "agent", "agent": agent, "dialogue_state": State.HANDED_OFF.value}
             self.store.append_message(
                 session_id, "assistant", text, tokens, meta, reply_to=waiting[-1] if waiting else None, lease=conversation.lease
             )

@@ -124,10 +124,15 @@ class CachedAnswers:
         # A topic change would empty the window: the context-free scope is a candidate too.
         return self.cache.contains(question, where.scope) or self.cache.contains(question, base)
 
+    def _kept_decoding(self, params: GenerationConfig) -> bool:
+        """Whether answers decoded so are served from and stored in the cache: greedy, with the
+        model's default repetition penalty (the one every stored answer was decoded with). A
+        sampled reply is meant to vary."""
+        return params.temperature == 0 and params.repetition_penalty == self.runner.chat_model.repetition_penalty
+
     def lookup(self, text: str, where: AnswerScope, context: TurnContext, params: GenerationConfig) -> CacheHit | None:
         """The stored answer for `text` in `where`, if one may be served for this turn."""
-        # A sampled reply is meant to vary: neither served from nor stored in the cache.
-        if params.temperature > 0 or context.bot_reply is not None:
+        if not self._kept_decoding(params) or context.bot_reply is not None:
             return None
         return self.cache.lookup(
             text,
@@ -149,7 +154,7 @@ class CachedAnswers:
         started: float,
     ) -> None:
         """Keep a finished greedy answer; the cache itself refuses uncertain (high-entropy) ones."""
-        if params.temperature > 0 or stats.finish_reason != "eos" or not where.storable:
+        if not self._kept_decoding(params) or stats.finish_reason != "eos" or not where.storable:
             return
         self.cache.store(
             text,
@@ -204,7 +209,8 @@ class CachedAnswers:
             ids, cache = snapshot
             crop_to(cache, min(common_prefix_length(ids, prompt), len(prompt) - 1))
         started = time.perf_counter()
-        completion = self.runner.complete(prompt, cache, GenerationConfig(), should_stop)
+        greedy = GenerationConfig(repetition_penalty=self.runner.chat_model.repetition_penalty)
+        completion = self.runner.complete(prompt, cache, greedy, should_stop)
         if completion is None or not completion.ended:
             return False
         return self.cache.store(

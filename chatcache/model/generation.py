@@ -9,7 +9,8 @@ generated tokens but the last, which was picked and never fed.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..config import GenerationConfig
 
 _LN2 = math.log(2.0)
+REPEAT_WINDOW = 64  # the reply's last tokens a repetition penalty looks at (llama.cpp's repeat_last_n)
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,14 @@ def entropy_bits(logits: torch.Tensor) -> float:
     return float(-(log_probs.exp() * log_probs).sum()) / _LN2
 
 
-def pick(logits: torch.Tensor, params: GenerationConfig, rng: torch.Generator | None) -> int:
-    """Greedy at temperature 0; otherwise nucleus sampling at the given temperature."""
+def pick(logits: torch.Tensor, params: GenerationConfig, rng: torch.Generator | None, recent: Sequence[int] = ()) -> int:
+    """Greedy at temperature 0; otherwise nucleus sampling at the given temperature; after
+    the repetition penalty on the `recent` reply tokens, if the settings have one."""
+    if params.repetition_penalty != 1.0 and recent:
+        ids = torch.tensor(sorted(set(recent)), dtype=torch.long)
+        seen = logits[ids]
+        logits = logits.clone()
+        logits[ids] = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
     if params.temperature == 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / params.temperature, dim=-1)
@@ -77,9 +85,11 @@ def generate_tokens(
     if not new_ids:
         raise ValueError("at least one prompt token must be left to prefill")
     rng = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    recent: deque[int] = deque(maxlen=REPEAT_WINDOW)
     logits = forward(model, new_ids, cache)
     for step in range(params.max_new_tokens):
-        token = pick(logits, params, rng)
+        token = pick(logits, params, rng, recent)
+        recent.append(token)
         yield GeneratedToken(token, entropy_bits(logits))
         if token in eos_ids or step + 1 == params.max_new_tokens:
             return

@@ -36,7 +36,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .batch_kv import BatchKV
 from ..config import GenerationConfig
-from .generation import GeneratedToken, entropy_bits, forward, pick
+from .generation import REPEAT_WINDOW, GeneratedToken, entropy_bits, forward, pick
 
 PREFILL_CHUNK = 512  # prompt tokens one step prefills of one arriving request
 MAX_BATCH = 32  # requests decoded at once; more wait for a row
@@ -54,6 +54,7 @@ class Request:
     eos_ids: frozenset[int]
     tokens: queue.SimpleQueue[GeneratedToken | BaseException | None] = field(default_factory=queue.SimpleQueue)
     generated: int = 0
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=REPEAT_WINDOW))  # for the repetition penalty
     next_id: int | None = None
     rng: torch.Generator | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -231,7 +232,8 @@ class Scheduler:
 
     def _emit(self, request: Request, logits: torch.Tensor) -> bool:
         """Pick and hand over the request's next token; True when that token ends the reply."""
-        token = pick(logits, request.params, request.rng)
+        token = pick(logits, request.params, request.rng, request.recent)
+        request.recent.append(token)
         request.tokens.put(GeneratedToken(token, entropy_bits(logits)))
         request.generated += 1
         request.next_id = token
