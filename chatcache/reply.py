@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dialog import ActionOutcome
+from dialog import ActionOutcome, State
 
 
 @dataclass
@@ -69,6 +69,11 @@ class Reply:
     confidence: float | None = None
     dialogue_state: str | None = None
     action: ActionOutcome | None = None  # the flow's action this turn performed, if any
+
+    @property
+    def handed_off(self) -> bool:
+        """A person has the conversation now: the bot says nothing until it is handed back."""
+        return self.dialogue_state == State.HANDED_OFF.value
 
 
 class ReplyStream:

@@ -300,6 +300,10 @@ class ChatApp(App[int]):
             await view.finish("cancelled" if cancelled else None)
         if cancelled:
             self.notify("Reply cancelled: your message is kept.")
+        if reply is not None and reply.handed_off:  # the bot falls silent: the message waits for a person
+            view.border_subtitle = "handed to a person" if reply.text else "no bot reply: waiting for a person"
+            if not reply.text:
+                self.notify("A person from the team has this conversation now; they will answer here.")
         if reply is not None:
             turn = TurnRecord.from_reply(reply)
             self.turns.append(turn)

@@ -29,7 +29,8 @@ from ..engine import ChatEngine, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
 from ..model.loading import ChatModel
 from ..reply import ReplyStream
-from ..steering.handoff import handoff_summary
+from ..steering.handoff import HANDED_OFF, handoff_summary
+from ..tiers.conversations import stored_dialogue_state
 from ..steering.hcac import Embed
 from . import schemas
 from .admission import Ticket
@@ -252,15 +253,14 @@ def _guarded(call: Callable[[], Any]) -> Any:
 
 
 def _session_summary(tenant: str, session: Any) -> dict[str, Any]:
-    dialogue = (session.state or {}).get("dialogue") or {}
-    state = dialogue.get("state") if isinstance(dialogue, dict) else None
+    state = stored_dialogue_state(session.state)
     return {
         "id": client_id(tenant, session.id),
         "object": "session",
         "title": session.title,
         "status": session.status.value,
         "dialogue_state": state,
-        "handed_off": state == "HANDED_OFF",
+        "handed_off": state == HANDED_OFF,
         "created_at": session.created_at.isoformat(),
         "updated_at": session.updated_at.isoformat(),
     }

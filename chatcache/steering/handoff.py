@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dialog.state_machine import State
 from storage import Fact, Message
 
 LAST_MESSAGES = 6  # the customer's messages quoted at the end
+HANDED_OFF = State.HANDED_OFF.value  # the dialogue state of a conversation a person has taken over
 
 
 def handoff_summary(messages: Sequence[Message], facts: Sequence[Fact]) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -36,6 +36,18 @@ from ..model.prompt import Message, RenderedSegments
 
 CONTEXT_START = "context_start"  # state key: conversation messages before the prompt window
 DIALOGUE = "dialogue"  # state key: the dialogue state machine's dict
+
+
+def stored_dialogue(state: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The dialogue state machine's dict a session's stored state holds (empty if none)."""
+    dialogue = (state or {}).get(DIALOGUE)
+    return dialogue if isinstance(dialogue, dict) else {}
+
+
+def stored_dialogue_state(state: Mapping[str, Any] | None) -> str | None:
+    """The dialogue state ("COLLECTING_SLOTS", "HANDED_OFF", ...) a session's stored state holds, if any."""
+    value = stored_dialogue(state).get("state")
+    return value if isinstance(value, str) else None
 
 log = logging.getLogger("chatcache")
 

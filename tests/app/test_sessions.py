@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.tui.screens import ConfirmScreen, RenameScreen
-from apps.tui.widgets import ChatLog, SessionList
+from apps.tui.widgets import ChatLog, ChatMessage, SessionList
 from chatcache import TokenTierConfig
 
 pytestmark = pytest.mark.anyio
@@ -167,3 +167,28 @@ async def test_sessions_of_scripts_stay_out_of_the_app(tiny_model, make_engine, 
         assert app.query_one(SessionList).session_ids == ["s-1"]
         assert any("chatcache chat --session script-1 --user local" in message for message, _ in seen)
     engine.close()
+
+
+async def test_a_handed_off_session_is_marked_and_its_silent_turns_say_why(tiny_model, make_engine, make_app, settle, notices, toy_embed, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The handoff queue at a glance: "[agent]" leads the label of a session a person has taken
+    over, and a message the bot no longer answers says it waits for that person."""
+    bot = tmp_path / "desk.yaml"
+    bot.write_text(
+        "system_prompt: You are a help desk.\n"
+        "intents:\n  - name: talk_to_human\n    examples: ['I want to talk to a human']\n"
+        "flows:\n  talk_to_human:\n    hand_off: true\n    response: Putting you through to a colleague.\n"
+    )
+    engine = make_engine(tiny_model, bot=bot, embedder=toy_embed, token_tier=TokenTierConfig(spill_dir=None))
+    app = make_app(engine)
+    seen = notices(app)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press(*"I want to talk to a human", "enter")
+        await settle(pilot)
+        sidebar = app.query_one(SessionList)
+        assert str(sidebar.get_option_at_index(0).prompt) == "[agent] s-1"
+        await pilot.press(*"hello?", "enter")
+        await settle(pilot)
+        replies = [m for m in app.query(ChatMessage) if m.role == "assistant"]
+        assert replies[-2].text == "Putting you through to a colleague." and replies[-2].border_subtitle == "handed to a person"
+        assert replies[-1].text == "" and replies[-1].border_subtitle == "no bot reply: waiting for a person"
+        assert any("A person from the team has this conversation now" in message for message, _ in seen)

@@ -5,11 +5,16 @@ from __future__ import annotations
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from chatcache.steering.handoff import HANDED_OFF
+from chatcache.tiers.conversations import stored_dialogue_state
 from storage import ChatSession
+
+AGENT_MARK = "[agent]"  # leads the label of a session a person has taken over: the handoff queue at a glance
 
 
 def session_label(session: ChatSession) -> str:
-    return session.title or session.id
+    name = session.title or session.id
+    return f"{AGENT_MARK} {name}" if stored_dialogue_state(session.state) == HANDED_OFF else name
 
 
 class SessionList(OptionList):
