@@ -1,4 +1,4 @@
-"""The `chatcache` command: chat, ask (one turn, then exit), serve (HTTP) and eval."""
+"""The `chatcache` command: chat, ask (one turn, then exit), serve (HTTP), test-bot and eval."""
 
 from __future__ import annotations
 
@@ -73,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--busy-session", choices=("wait", "reject"), default=None, help="a session's message while its turn runs: wait (default) or 409")
     serve.add_argument("--drain-seconds", type=float, default=None, help="on SIGTERM, how long running turns may take to finish (default 30)")
     commands.add_parser("bots", help="list the shipped bots (what --bot NAME accepts besides a YAML file)")
+    commands.add_parser("test-bot", help="run a bot's conversation tests: chatcache test-bot BOT FILE... (see --help)", add_help=False)
+    init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
+    init.add_argument("name", help="the bot's name, also its directory's")
+    init.add_argument("--dir", type=Path, default=Path("."), help="where its directory goes (default: here)")
     evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs")
     evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
     return parser
@@ -115,8 +119,8 @@ def _ask(args: argparse.Namespace) -> int:
                     "state": reply.dialogue_state,
                     "intent": reply.intent,
                     "confidence": reply.confidence,
-                    "action": reply.action.as_dict() | {"cached": False} if reply.action is not None else None,
-                    "handed_off": reply.dialogue_state == "HANDED_OFF",
+                    "action": reply.action.as_dict() if reply.action is not None else None,
+                    "handed_off": reply.handed_off,
                     "drift": reply.stats.drift,
                     "stats": reply.stats.as_dict(),
                 }
@@ -197,9 +201,29 @@ def _list_bots() -> int:
     return 0
 
 
+def _init(name: str, parent: Path) -> int:
+    from dialog.scaffold import ScaffoldError, scaffold
+
+    try:
+        written = scaffold(name, parent)
+    except (ScaffoldError, OSError) as error:
+        print(f"chatcache init: {error}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    bot, stories = written[0], written[2]
+    print(f"Next: chatcache chat --bot {bot}   ·   chatcache test-bot {bot} {stories}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     _offline_by_default()
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["test-bot"]:  # parses its own options, as the evaluations do
+        logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+        from .evals.stories import main as test_bot
+
+        return test_bot(argv[1:])
     if len(argv) >= 2 and argv[0] == "eval" and argv[1] in EVALUATIONS:
         # Each evaluation parses its own options (`chatcache eval pairs --tsv ... --json`).
         logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
@@ -207,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bots":
         return _list_bots()
+    if args.command == "init":
+        return _init(args.name, args.dir)
     quiet = getattr(args, "json", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from chatcache import ChatCacheError, StorageError

@@ -6,7 +6,7 @@ Nothing here imports a model library; the intent classifier is handed an embeddi
 from .actions import ActionContext, ActionError, ActionOutcome, Actions, action
 from .classifier import Embed, IntentClassifier, IntentResult
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow, Intent, Slot
-from .loader import BotDefinitionError, load_bot, parse_bot
+from .loader import BotDefinitionError, load_bot, load_stories, parse_bot
 from .manager import DialogueManager, TurnDecision
 from .shipped import shipped_bots
 from .slots import SlotExtractor
@@ -46,6 +46,7 @@ __all__ = [
     "Slot",
     "SlotExtractor",
     "load_bot",
+    "load_stories",
     "parse_bot",
     "shipped_bots",
 ]

@@ -1,4 +1,4 @@
-"""Load a bot YAML file into a `BotDefinition`, with errors that name the line at fault.
+"""Load a bot YAML file into a `BotDefinition` (and its conversation tests), with errors that name the line at fault.
 
 Pydantic reports where a value is wrong as a path (`("intents", 1, "examples")`); a person
 editing YAML wants a line number. We compose the YAML into its node tree, whose nodes carry
@@ -13,12 +13,15 @@ them (an error in an aliased value would name the anchor's line, not the line at
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .definition import BotDefinition, Loc, reference_errors
+from .stories import StoryFile
+
+Parsed = TypeVar("Parsed", bound=BaseModel)
 
 BOTS_DIR = Path(__file__).parent / "bots"
 
@@ -59,6 +62,26 @@ def load_bot(path: str | Path) -> BotDefinition:
 
 def parse_bot(text: str, source: str = "<bot>") -> BotDefinition:
     """Validate a bot definition given as YAML text; `source` names it in error messages."""
+    bot, root = _validated(text, source, BotDefinition)
+    problems = [_format(source, root, loc, message) for loc, message in reference_errors(bot)]
+    if problems:
+        raise BotDefinitionError(problems)
+    return bot
+
+
+def load_stories(path: str | Path) -> StoryFile:
+    """Read and validate a file of conversation tests (`dialog.stories`).
+
+    Raises:
+        BotDefinitionError: malformed YAML or an invalid story, each problem with its line.
+    """
+    file = Path(path)
+    stories, _ = _validated(file.read_text(encoding="utf-8"), file.name, StoryFile)
+    return stories
+
+
+def _validated(text: str, source: str, model: type[Parsed]) -> tuple[Parsed, yaml.Node | None]:
+    """`text` parsed as YAML (no aliases, no duplicate keys) and validated as `model`, with its node tree."""
     try:
         root = yaml.compose(text, Loader=_BotLoader)
         data: Any = yaml.load(text, Loader=_BotLoader)
@@ -72,17 +95,16 @@ def parse_bot(text: str, source: str = "<bot>") -> BotDefinition:
         raise BotDefinitionError([f"{source} line {line}: YAML syntax error: {exc.problem}"]) from exc
     problems = [f"{source} line {line}: {msg}" for line, msg in _duplicate_keys(root)]
     try:
-        bot = BotDefinition.model_validate(data if data is not None else {})
+        parsed = model.model_validate(data if data is not None else {})
     except ValidationError as exc:
         for error in exc.errors():
             loc = tuple(error["loc"])
             message = error["msg"][:1].lower() + error["msg"][1:]
             problems.append(_format(source, root, loc, message))
         raise BotDefinitionError(problems) from exc
-    problems += [_format(source, root, loc, message) for loc, message in reference_errors(bot)]
     if problems:
         raise BotDefinitionError(problems)
-    return bot
+    return parsed, root
 
 
 class _AliasRefused(Exception):
