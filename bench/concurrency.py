@@ -189,7 +189,7 @@ def main() -> None:
     counts = args.counts or ([1, 4, 8] if args.quick else [1, 2, 4, 8, 16])
     if 8 not in counts or 1 not in counts:
         parser.error("--counts must include 1 and 8 (the targets compare them)")
-    run = BenchRun("concurrency", args, minutes=(35, 8))  # with the peers: vLLM takes 2 to 4 minutes to start
+    run = BenchRun("concurrency", args, minutes=(76, 8))  # with the peers (vLLM takes 2 to 4 minutes to start); the run of 2026-12-01 18:05
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
     chat_model = load_chat_model("bundled", device="cpu")

@@ -194,7 +194,7 @@ class ChatEngine:
         self.answers = (
             CachedAnswers(
                 self.answer_cache,
-                Scope(self._answers_model(), bot_fingerprint(self.system_prompt), tenant),
+                Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), tenant),
                 self.runner,
                 self.conversations,
                 self.renderer,
@@ -237,12 +237,6 @@ class ChatEngine:
         config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
         return ContextCoordinator(self.conversations, self.turn_tier, self._embed, self.bot, config, promote_threshold)
 
-    def _answers_model(self) -> str:
-        """What the answer cache keys answers' model by: the weights, and the default decoding
-        every kept answer was made with (a changed repetition penalty gives other answers)."""
-        penalty = self.chat_model.repetition_penalty
-        return self.chat_model.identity if penalty == 1.0 else f"{self.chat_model.identity} repetition_penalty={penalty:g}"
-
     def _generation(
         self,
         max_new_tokens: int,
@@ -250,16 +244,16 @@ class ChatEngine:
         top_p: float,
         stop: str | Sequence[str] | None,
         seed: int | None,
-        repetition_penalty: float | None,
+        repetition_penalty: float,
     ) -> GenerationConfig:
-        """One turn's decoding settings; no repetition penalty given is the model's own default."""
+        """One turn's decoding settings, checked."""
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
             stop=tuple([stop] if isinstance(stop, str) else stop or ()),
             seed=seed,
-            repetition_penalty=self.chat_model.repetition_penalty if repetition_penalty is None else repetition_penalty,
+            repetition_penalty=repetition_penalty,
         )
 
     # -- public API -------------------------------------------------------------------
@@ -283,11 +277,11 @@ class ChatEngine:
         stop: str | list[str] | tuple[str, ...] | None = None,
         seed: int | None = None,
         admit: Admit | None = None,
-        repetition_penalty: float | None = None,
+        repetition_penalty: float = 1.0,
     ) -> ReplyStream:
         """Answer `text`, yielding text pieces as tokens are generated; `admit` may refuse a
-        turn that needs the model before anything is recorded (see `Admit`). Without a
-        `repetition_penalty` the model's default applies (`ChatModel.repetition_penalty`).
+        turn that needs the model before anything is recorded (see `Admit`). A
+        `repetition_penalty` above 1 discourages the reply from repeating itself (`GenerationConfig`).
 
         Raises:
             InvalidMessageError: empty text or text no database can store (at once), or a
@@ -313,7 +307,7 @@ class ChatEngine:
         stop: str | list[str] | tuple[str, ...] | None = None,
         seed: int | None = None,
         admit: Admit | None = None,
-        repetition_penalty: float | None = None,
+        repetition_penalty: float = 1.0,
     ) -> AsyncReplyStream:
         """`stream` for asyncio code: `async for piece in engine.astream(...)`, called inside a
         running event loop; the same errors, raised at once or when iteration starts."""
@@ -329,7 +323,7 @@ class ChatEngine:
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
         admit: Admit | None = None,
-        repetition_penalty: float | None = None,
+        repetition_penalty: float = 1.0,
     ) -> ReplyStream:
         """Answer the last user message of a conversation the caller keeps (LangChain's way, or
         an OpenAI-style request), through the same steps as a session's turn but recording nothing.

@@ -205,3 +205,36 @@ def write_bank_bot(tmp_path: Path):  # type: ignore[no-untyped-def]
         return path
 
     return write
+
+
+SHOP_BOT = """\
+system_prompt: You are a shop's assistant.
+intents:
+  - name: opening_hours
+    examples: ['When are you open?']
+  - name: order_status
+    examples: ['Where is my order?']
+    slots: [order_id]
+slots:
+  - name: order_id
+    pattern: '\\b(\\d{6})\\b'
+flows:
+  opening_hours:
+    response: We are open from 9 to 5 on weekdays.
+  order_status:
+    ask:
+      order_id: What is your 6-digit order number?
+    response: Order {order_id} ships within two days.
+"""
+
+
+@pytest.fixture
+def write_shop_bot(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Write a small shop bot with fixed responses only (no actions, no model turns); returns its path."""
+
+    def write(extra: str = "", replace: tuple[str, str] = ("", "")) -> Path:
+        path = tmp_path / "shop.yaml"
+        path.write_text((SHOP_BOT.replace(*replace) if replace[0] else SHOP_BOT) + extra)
+        return path
+
+    return write

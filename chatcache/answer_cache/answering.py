@@ -124,11 +124,12 @@ class CachedAnswers:
         # A topic change would empty the window: the context-free scope is a candidate too.
         return self.cache.contains(question, where.scope) or self.cache.contains(question, base)
 
-    def _kept_decoding(self, params: GenerationConfig) -> bool:
-        """Whether answers decoded so are served from and stored in the cache: greedy, with the
-        model's default repetition penalty (the one every stored answer was decoded with). A
-        sampled reply is meant to vary."""
-        return params.temperature == 0 and params.repetition_penalty == self.runner.chat_model.repetition_penalty
+    @staticmethod
+    def _kept_decoding(params: GenerationConfig) -> bool:
+        """Whether answers decoded so are served from and stored in the cache: plain greedy, the
+        decoding every stored answer was made with. A sampled reply is meant to vary, and a
+        repetition penalty gives other answers."""
+        return params.temperature == 0 and params.repetition_penalty == 1.0
 
     def lookup(self, text: str, where: AnswerScope, context: TurnContext, params: GenerationConfig) -> CacheHit | None:
         """The stored answer for `text` in `where`, if one may be served for this turn."""
@@ -209,8 +210,7 @@ class CachedAnswers:
             ids, cache = snapshot
             crop_to(cache, min(common_prefix_length(ids, prompt), len(prompt) - 1))
         started = time.perf_counter()
-        greedy = GenerationConfig(repetition_penalty=self.runner.chat_model.repetition_penalty)
-        completion = self.runner.complete(prompt, cache, greedy, should_stop)
+        completion = self.runner.complete(prompt, cache, GenerationConfig(), should_stop)
         if completion is None or not completion.ended:
             return False
         return self.cache.store(

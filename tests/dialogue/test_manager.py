@@ -90,33 +90,12 @@ def test_out_of_scope_turn(manager) -> None:
     assert decision.state["state"] == "IDLE" and decision.state["version"] == 1
 
 
-FIXED = """\
-system_prompt: You are a shop's assistant.
-intents:
-  - name: opening_hours
-    examples: ['When are you open?']
-  - name: order_status
-    examples: ['Where is my order?']
-    slots: [order_id]
-slots:
-  - name: order_id
-    pattern: '\\b(\\d{6})\\b'
-flows:
-  opening_hours:
-    response: We are open from 9 to 5 on weekdays.
-  order_status:
-    ask:
-      order_id: What is your 6-digit order number?
-    response: Order {order_id} ships within two days.
-"""
 
 
-def test_a_flow_without_an_action_gives_its_fixed_response_and_is_done(tmp_path, embed) -> None:  # type: ignore[no-untyped-def]
+def test_a_flow_without_an_action_gives_its_fixed_response_and_is_done(write_shop_bot, embed) -> None:  # type: ignore[no-untyped-def]
     from dialog import load_bot
 
-    path = tmp_path / "shop.yaml"
-    path.write_text(FIXED)
-    bot = load_bot(path)
+    bot = load_bot(write_shop_bot())
     manager = DialogueManager(bot, IntentClassifier(bot, embed))
     hours = manager.handle(None, "When are you open?")
     assert hours.prompt == "We are open from 9 to 5 on weekdays."
@@ -129,27 +108,23 @@ def test_a_flow_without_an_action_gives_its_fixed_response_and_is_done(tmp_path,
     assert again.prompt == hours.prompt  # a done flow starts over on the next request
 
 
-def test_a_fixed_response_cannot_name_an_action_result(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_fixed_response_cannot_name_an_action_result(write_shop_bot) -> None:  # type: ignore[no-untyped-def]
     from dialog import BotDefinitionError, load_bot
 
-    path = tmp_path / "shop.yaml"
-    path.write_text(FIXED.replace("We are open from 9 to 5 on weekdays.", "Open {result.hours}."))
+    path = write_shop_bot(replace=("We are open from 9 to 5 on weekdays.", "Open {result.hours}."))
     with pytest.raises(BotDefinitionError, match="placeholder '{result}' is not a slot of 'opening_hours'"):
         load_bot(path)
 
 
-def test_a_message_no_intent_fits_gets_the_bots_fallback_outside_a_flow_only(tmp_path, embed) -> None:  # type: ignore[no-untyped-def]
+def test_a_message_no_intent_fits_gets_the_bots_fallback_outside_a_flow_only(write_shop_bot, embed) -> None:  # type: ignore[no-untyped-def]
     from dialog import load_bot
 
-    path = tmp_path / "shop.yaml"
-    path.write_text(FIXED + "fallback: I can help with opening hours and orders. Would you like a person instead?\n")
-    bot = load_bot(path)
+    bot = load_bot(write_shop_bot(extra="fallback: I can help with opening hours and orders. Would you like a person instead?\n"))
     manager = DialogueManager(bot, IntentClassifier(bot, embed))
     stray = manager.handle(None, "Tell me a joke about penguins")
     assert stray.intent == OUT_OF_SCOPE and stray.prompt == "I can help with opening hours and orders. Would you like a person instead?"
     asked = manager.handle(None, "Where is my order?")
     still = manager.handle(asked.state, "Tell me a joke about penguins")  # mid-flow: the flow asks again
     assert still.prompt == "What is your 6-digit order number?"
-    path.write_text(FIXED)  # without a fallback the model answers it
-    plain = load_bot(path)
+    plain = load_bot(write_shop_bot())  # without a fallback the model answers it
     assert DialogueManager(plain, IntentClassifier(plain, embed)).handle(None, "Tell me a joke about penguins").prompt is None
