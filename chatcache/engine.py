@@ -72,6 +72,24 @@ def conversation_key(messages: Sequence[Message]) -> str:
     return "lc:" + hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
+def _generation(
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    stop: str | Sequence[str] | None,
+    seed: int | None,
+    repetition_penalty: float,
+) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop=tuple([stop] if isinstance(stop, str) else stop or ()),
+        seed=seed,
+        repetition_penalty=repetition_penalty,
+    )
+
+
 @dataclass
 class Turn:
     """One user turn as it flows through the engine's steps; each step fills in what it decided."""
@@ -237,25 +255,6 @@ class ChatEngine:
         config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
         return ContextCoordinator(self.conversations, self.turn_tier, self._embed, self.bot, config, promote_threshold)
 
-    def _generation(
-        self,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop: str | Sequence[str] | None,
-        seed: int | None,
-        repetition_penalty: float,
-    ) -> GenerationConfig:
-        """One turn's decoding settings, checked."""
-        return GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=tuple([stop] if isinstance(stop, str) else stop or ()),
-            seed=seed,
-            repetition_penalty=repetition_penalty,
-        )
-
     # -- public API -------------------------------------------------------------------
 
     def chat(self, session_id: str, text: str, **generation: object) -> Reply:
@@ -289,7 +288,7 @@ class ChatEngine:
                 recorded either way; a new session is not even created.
             ConfigError: a decoding setting that can never work (at once).
         """
-        params = self._generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
+        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
         check_storable(text)
@@ -340,7 +339,7 @@ class ChatEngine:
                 last message that is not the user's or is empty (at once), or a conversation
                 that does not fit the context window (when iteration starts).
         """
-        params = self._generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
+        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
         conversation, question = self._given_conversation(messages, kv_key)
         system = conversation.system
         turn = Turn(

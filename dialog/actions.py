@@ -58,7 +58,7 @@ def action(name: str, *, cache_ttl_s: float | None = None, invalidates: Sequence
         cache_ttl_s: keep its result this long per tenant, user and arguments; only for an
             action that reads (a balance for seconds, opening hours for a day).
         invalidates: actions whose kept results, for every user of the tenant, are dropped once
-            this one succeeds (a transfer invalidates the balance).
+            this one runs, also when it fails (a transfer invalidates the balance).
     """
     if cache_ttl_s is not None and cache_ttl_s <= 0:
         raise ValueError(f"action {name!r}: cache_ttl_s must be positive, or None to run it every time")

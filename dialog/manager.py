@@ -2,9 +2,10 @@
 
 The manager turns text into exactly one event per turn and says what the bot should do next
 (ask for a slot, ask for confirmation, perform an action, give the flow's fixed response or
-the bot's fallback to what no intent fits, or nothing special). It does not perform actions: when a decision carries an `action`, the caller
-performs it and then applies an ACTED event, e.g. with `apply_with_retry`. A turn in a state that takes no user input
-(ACTING, HANDED_OFF) raises `IllegalTransitionError`; the caller routes such turns elsewhere.
+the bot's fallback to what no intent fits, or nothing special). It does not perform actions:
+when a decision carries an `action`, the caller performs it and then applies an ACTED event,
+e.g. with `apply_with_retry`. A turn in a state that takes no user input (ACTING, HANDED_OFF)
+raises `IllegalTransitionError`; the caller routes such turns elsewhere.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ A balance asked for twice in a minute need not reach the core-banking system twi
 says how long its result stays true (`@action("balance", cache_ttl_s=10)`); its JSON result is
 kept per scope, that is tenant, user, action and arguments, so a customer never sees another's,
 until the TTL runs out. An action that changes what others read names them
-(`@action("transfer", invalidates=["balance"])`): once it succeeds, their results are dropped
-for every user of the tenant (a joint account's balance is read by two customers), and the
-next balance is read afresh. An action without a TTL
-(anything that acts) runs every time.
+(`@action("transfer", invalidates=["balance"])`): once it runs, even if it then fails (it may
+have moved money before it raised), their results are dropped for every user of the tenant (a
+joint account's balance is read by two customers), and the next balance is read afresh. An
+action without a TTL (anything that acts) runs every time.
 
 In memory, per engine, bounded in count (least recently used out first) as well as in time.
 """

@@ -106,15 +106,16 @@ class _State(Collector):
             ("kv_failed_restores", kv.failed_restores, "Spilled KV files that could not be trusted."),
         ):
             yield CounterMetricFamily(f"chatcache:{name}", what, value=value)
+        engines = self.engines()
         lookups = hits = stores = 0
-        for engine in self.engines():
+        for engine in engines:
             if engine.answer_cache is not None:
                 stats = engine.answer_cache.stats
                 lookups, hits, stores = lookups + stats.lookups, hits + stats.hits, stores + stats.stores
         yield CounterMetricFamily("chatcache:answer_cache_lookups", "Answer-cache lookups.", value=lookups)
         yield CounterMetricFamily("chatcache:answer_cache_hits", "Answers served from the answer cache.", value=hits)
         yield CounterMetricFamily("chatcache:answer_cache_stores", "Answers kept in the answer cache.", value=stores)
-        results = [engine.actions.results.stats for engine in self.engines() if engine.actions is not None]
+        results = [engine.actions.results.stats for engine in engines if engine.actions is not None]
         yield CounterMetricFamily("chatcache:tool_result_cache_hits", "Action results served from the tool-result cache.", value=sum(r.hits for r in results))
         yield CounterMetricFamily(
             "chatcache:tool_result_cache_misses", "Cacheable action results not kept (the action ran).", value=sum(r.misses for r in results)
