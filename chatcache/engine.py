@@ -126,7 +126,7 @@ class ChatEngine:
     Args:
         model: "bundled" (SmolLM2-135M-Instruct, offline), a model id, a local path, or a loaded `ChatModel`.
         system_prompt: the bot's instructions; their KV is computed once and shared by every session.
-            Defaults to the bot's system prompt when a bot is given.
+            Defaults to the bot's system prompt and knowledge base when a bot is given.
         answer_cache: serve a question asked again in the same context from the answer cache,
             without running the model; True for the defaults or an `AnswerCacheConfig`.
         drift: detect topic changes and drop stale context; True for the defaults or a `DriftConfig`.
@@ -172,7 +172,7 @@ class ChatEngine:
         self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
         self.actions = Actions.load(self.bot) if self.bot is not None else None
-        self.system_prompt = system_prompt or (self.bot.system_prompt if self.bot else None)
+        self.system_prompt = system_prompt or (self.bot.instructions if self.bot else None)
         self.tenant = tenant
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
         self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)

@@ -57,15 +57,16 @@ class IntentClassifier:
         self,
         bot: BotDefinition,
         embed: Embed,
-        threshold: float = 0.5,
-        margin: float = 0.0,
-        temperature: float = 0.03,
-        reject_score: float = 0.5,
+        threshold: float | None = None,
+        margin: float | None = None,
+        temperature: float | None = None,
+        reject_score: float | None = None,
     ) -> None:
         """Embed every example of the bot once.
 
         Args:
-            bot: The bot whose intents to recognise.
+            bot: The bot whose intents to recognise; its `classifier` settings are the defaults
+                of the four below.
             embed: Text embedder returning unit-normalised rows.
             threshold: Minimum confidence for an intent to be returned.
             margin: Minimum gap between the two best intent scores; below it the text is
@@ -74,16 +75,17 @@ class IntentClassifier:
             reject_score: Score of the "none of these" option; an intent must clearly beat
                 it to be confident.
         """
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
-        if margin < 0.0:
-            raise ValueError(f"margin must be >= 0, got {margin}")
-        if temperature <= 0.0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.threshold = threshold
-        self.margin = margin
-        self.temperature = temperature
-        self.reject_score = reject_score
+        settings = bot.classifier
+        self.threshold = settings.threshold if threshold is None else threshold
+        self.margin = settings.margin if margin is None else margin
+        self.temperature = settings.temperature if temperature is None else temperature
+        self.reject_score = settings.reject_score if reject_score is None else reject_score
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.margin < 0.0:
+            raise ValueError(f"margin must be >= 0, got {self.margin}")
+        if self.temperature <= 0.0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         self._embed = embed
         self._names = [intent.name for intent in bot.intents]
         texts = [example for intent in bot.intents for example in intent.examples]

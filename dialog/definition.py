@@ -51,13 +51,41 @@ class Slot(_Strict):
 
 
 class Intent(_Strict):
-    """Something a user may want, taught to the classifier by example utterances."""
+    """Something a user may want, taught to the classifier by example utterances.
+
+    `answer` is the curated reply to a question intent (the knowledge base, usually its own
+    file): given word for word whenever the intent is recognised, and in the model's context
+    for what no intent covers. Examples may come from the bot's `examples_file` instead of the YAML.
+    """
 
     name: str = Field(min_length=1)
     description: str = ""
-    examples: list[str] = Field(min_length=1)
+    examples: list[str] = []
     cacheable: bool = False
     slots: list[str] = []
+    answer: str | None = Field(default=None, min_length=1)
+
+
+class ExamplesFile(_Strict):
+    """Intent examples from a labelled CSV with a header `text,category` (BANKING77's `train.csv`).
+
+    Each intent named like a label gets that label's first `per_intent` texts (all when None)
+    after its own. `path` is relative to the bot file and may hold `${VAR}` or `${VAR:-default}`.
+    """
+
+    path: str = Field(min_length=1)
+    per_intent: int | None = Field(default=None, ge=1)
+
+
+class KnowledgeAnswer(_Strict):
+    intent: str = Field(min_length=1)
+    answer: str = Field(min_length=1)
+
+
+class KnowledgeFile(_Strict):
+    """The knowledge base: curated answers, one per question intent."""
+
+    answers: list[KnowledgeAnswer] = Field(min_length=1)
 
 
 class Flow(_Strict):
@@ -78,6 +106,16 @@ class Flow(_Strict):
     hand_off: bool = False
 
 
+class ClassifierSettings(_Strict):
+    """How sure the intent classifier must be before an intent counts (`dialog.classifier`);
+    measure a bot's with `chatcache eval intents --bot BOT`."""
+
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    margin: float = Field(default=0.0, ge=0.0)
+    temperature: float = Field(default=0.03, gt=0.0)
+    reject_score: float = 0.5
+
+
 class BotDefinition(_Strict):
     """A whole bot: its persona, what it understands, and how it carries each request out."""
 
@@ -86,9 +124,21 @@ class BotDefinition(_Strict):
     slots: list[Slot] = []
     flows: dict[str, Flow] = {}
     actions: str | None = None  # the Python module of the flows' actions, beside the YAML (`dialog.actions`)
+    examples_file: ExamplesFile | None = None
+    knowledge: str | None = None  # the knowledge base's file (`KnowledgeFile`), beside the YAML
+    classifier: ClassifierSettings = ClassifierSettings()
     # The reply to a message no intent fits, outside a flow (mid-flow the flow asks again);
     # without one the model answers it.
     fallback: str | None = Field(default=None, min_length=1)
+
+    @property
+    def instructions(self) -> str:
+        """What the model is told: the system prompt, then every curated answer, so that what
+        the model writes for what no intent covers rests on the bot's own answers."""
+        answers = [f"- {i.description or i.name.replace('_', ' ')}: {i.answer}" for i in self.intents if i.answer]
+        if not answers:
+            return self.system_prompt
+        return "\n\n".join([self.system_prompt, "What you know (answer only from this):", "\n".join(answers)])
 
     def intent(self, name: str) -> Intent:
         """Return the intent called `name` (KeyError if there is none)."""
@@ -120,6 +170,11 @@ def reference_errors(bot: BotDefinition) -> list[tuple[Loc, str]]:
             errors.append((("intents", i, "name"), f"'{OUT_OF_SCOPE}' is reserved for the fallback"))
         if intent.name in seen:
             errors.append((("intents", i, "name"), f"duplicate intent '{intent.name}'"))
+        if not intent.examples:
+            where = " (nor rows of that label in the examples file)" if bot.examples_file else ""
+            errors.append((("intents", i, "examples"), f"intent '{intent.name}' has no examples{where}"))
+        if intent.answer is not None and intent.name in bot.flows:
+            errors.append((("intents", i, "answer"), f"intent '{intent.name}' has an answer and a flow; give it one of them"))
         seen.add(intent.name)
         for j, slot_name in enumerate(intent.slots):
             if slot_name not in slot_names:

@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .definition import BotDefinition, Loc, reference_errors
+from .definition import BotDefinition, KnowledgeFile, Loc, reference_errors
 from .stories import StoryFile
+from .training import expand_path, read_labelled
 
 Parsed = TypeVar("Parsed", bound=BaseModel)
 
@@ -35,38 +36,79 @@ class BotDefinitionError(ValueError):
 
 
 def load_bot(path: str | Path) -> BotDefinition:
-    """Read and validate a bot definition.
+    """Read and validate a bot definition, with the files it names (actions, examples, knowledge).
 
     Args:
-        path: A YAML file, or the name of a bot shipped in `dialog/bots` (e.g. "customer_service").
+        path: A YAML file, or the name of a bot shipped in `dialog/bots` (e.g. "bank").
 
     Returns:
-        The validated definition.
+        The validated definition: intents carry the examples file's texts and the knowledge
+        base's answers, and `actions` is the module's absolute path.
 
     Raises:
-        BotDefinitionError: The YAML is malformed or the definition is invalid; every
-            problem found is listed with its line number.
+        BotDefinitionError: The YAML is malformed, the definition is invalid, or a file it
+            names is missing or invalid; every problem found is listed with its line number.
         FileNotFoundError: There is no such file and no shipped bot of that name.
     """
     file = _resolve(path)
-    text = file.read_text(encoding="utf-8")
-    bot = parse_bot(text, source=file.name)
-    if bot.actions is None:
-        return bot
-    module = (file.parent / bot.actions).resolve()  # beside the YAML, wherever the caller runs from
-    if not module.is_file():
-        line = next((n for n, row in enumerate(text.splitlines(), 1) if row.startswith("actions:")), 1)
-        raise BotDefinitionError([f"{file.name} line {line}: actions: no file {bot.actions!r} next to the bot file"])
-    return bot.model_copy(update={"actions": str(module)})
+    return parse_bot(file.read_text(encoding="utf-8"), source=file.name, directory=file.parent)
 
 
-def parse_bot(text: str, source: str = "<bot>") -> BotDefinition:
-    """Validate a bot definition given as YAML text; `source` names it in error messages."""
+def parse_bot(text: str, source: str = "<bot>", directory: Path | None = None) -> BotDefinition:
+    """Validate a bot definition given as YAML text; `source` names it in error messages, and
+    the files it names are found relative to `directory` (default: the working directory)."""
     bot, root = _validated(text, source, BotDefinition)
+    bot = _with_files(bot, root, source, (directory or Path.cwd()).resolve())
     problems = [_format(source, root, loc, message) for loc, message in reference_errors(bot)]
     if problems:
         raise BotDefinitionError(problems)
     return bot
+
+
+def _with_files(bot: BotDefinition, root: yaml.Node | None, source: str, directory: Path) -> BotDefinition:
+    """The bot with what its files hold: the actions module's path, the intents' examples from
+    the examples file, their curated answers from the knowledge base."""
+    update: dict[str, Any] = {}
+    intents = {intent.name: intent for intent in bot.intents}
+    if bot.actions is not None:
+        module = (directory / bot.actions).resolve()
+        if not module.is_file():
+            raise BotDefinitionError([_format(source, root, ("actions",), f"no file {bot.actions!r} next to the bot file")])
+        update["actions"] = str(module)
+    if bot.examples_file is not None:
+        try:
+            labelled = read_labelled(expand_path(bot.examples_file.path, directory))
+        except (OSError, ValueError) as exc:
+            raise BotDefinitionError([_format(source, root, ("examples_file", "path"), str(exc))]) from exc
+        unknown = sorted(set(labelled) - set(intents))
+        if unknown:
+            message = f"the examples file has labels no intent takes: {', '.join(unknown)}"
+            raise BotDefinitionError([_format(source, root, ("examples_file",), message)])
+        per_intent = bot.examples_file.per_intent
+        for name, texts in labelled.items():
+            own = intents[name].examples
+            taken = [text for text in texts if text not in own][:per_intent]
+            intents[name] = intents[name].model_copy(update={"examples": [*own, *taken]})
+    if bot.knowledge is not None:
+        file = directory / bot.knowledge
+        try:
+            knowledge_text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise BotDefinitionError([_format(source, root, ("knowledge",), f"cannot read {bot.knowledge!r}: {exc.strerror}")]) from exc
+        knowledge, knowledge_root = _validated(knowledge_text, file.name, KnowledgeFile)
+        problems = []
+        for index, entry in enumerate(knowledge.answers):
+            known = intents.get(entry.intent)
+            if known is None or known.answer is not None:
+                why = "no intent of that name" if known is None else "that intent already has an answer"
+                problems.append(_format(file.name, knowledge_root, ("answers", index, "intent"), f"'{entry.intent}': {why}"))
+            else:
+                intents[entry.intent] = known.model_copy(update={"answer": entry.answer})
+        if problems:
+            raise BotDefinitionError(problems)
+    if bot.examples_file is not None or bot.knowledge is not None:
+        update["intents"] = [intents[intent.name] for intent in bot.intents]
+    return bot.model_copy(update=update) if update else bot
 
 
 def load_stories(path: str | Path) -> StoryFile:

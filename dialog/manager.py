@@ -1,8 +1,11 @@
 """One user turn through the dialogue layer: classify, extract slots, step the state machine.
 
 The manager turns text into exactly one event per turn and says what the bot should do next
-(ask for a slot, ask for confirmation, perform an action, give the flow's fixed response or
-the bot's fallback to what no intent fits, or nothing special). It does not perform actions:
+(ask for a slot, ask for confirmation, perform an action, give the flow's fixed response, the
+knowledge base's answer or the bot's fallback to what no intent fits, or nothing special).
+Mid-flow, a new value corrects a slot ("no, make it 300" re-asks the confirmation), "never
+mind" calls the flow off, and a question with a curated answer (opening hours during a
+transfer) is a digression: answered, then the flow asks its question again. It does not perform actions:
 when a decision carries an `action`, the caller performs it and then applies an ACTED event,
 e.g. with `apply_with_retry`. A turn in a state that takes no user input (ACTING, HANDED_OFF)
 raises `IllegalTransitionError`; the caller routes such turns elsewhere.
@@ -25,6 +28,9 @@ _YES = re.compile(r"\b(yes|yeah|yep|yup|sure|correct|confirm(ed)?|ok(ay)?|go ahe
 HANDOFF_REPLY = "I am handing you over to a person from our team; they will answer you here."
 """What the bot says when a flow hands the conversation to a person, unless the flow says otherwise."""
 _NO = re.compile(r"\b(no|nope|nah|cancel|don'?t|do not|stop|wrong)\b", re.I)
+_CANCEL = re.compile(r"\b(never ?mind|forget (it|that|about it)|cancel( (that|it|this))?|stop|leave it)\b", re.I)
+CANCELLED_REPLY = "All right, I have not done it. Is there anything else I can help you with?"
+"""What the bot says when the user calls a flow off (a "no" to its confirmation, "never mind" mid-flow)."""
 
 
 @dataclass(frozen=True)
@@ -91,45 +97,68 @@ class DialogueManager:
             IllegalTransitionError: The conversation is in a state that takes no user turn.
         """
         machine = DialogueStateMachine.from_dict(state) if state else DialogueStateMachine()
-        event = self._event(machine, text, turn_id, embedding)
+        event, digression = self._event(machine, text, turn_id, embedding)
         machine.apply(event)
         response = self._fixed_response(machine, turn_id)
         if event.type == EventType.OUT_OF_SCOPE and machine.state == State.IDLE:
             response = self.bot.fallback  # no intent fits and no flow is asking: the bot's own answer, if it has one
+        if event.type in (EventType.DENIED, EventType.RESET):
+            response = CANCELLED_REPLY
+        if digression is not None:  # a question answered mid-flow; the flow asks again where it was
+            response = f"{digression}\n\n{self._question(machine, self.bot.flow(machine.intent or OUT_OF_SCOPE))}"
         return self._decide(machine, response)
 
     def _fixed_response(self, machine: DialogueStateMachine, turn_id: str | None) -> str | None:
-        """A flow with a response and no action to run, once it may act: its reply, and the flow is done."""
+        """The bot's own reply once the flow may act and there is no action to run: the flow's
+        response, or the knowledge base's answer to a question intent; the flow is done.
+
+        An answer is given once the classifier accepts the intent, not only when it confirms it:
+        the curated answer of the likely intent beats what a small model writes (measured on the
+        bank bot's stories: the bundled model, the answers in its context, looped)."""
         if machine.state != State.ACTING or machine.intent is None:
             return None
-        flow = self.bot.flow(machine.intent)
-        if flow.action is not None or flow.response is None:
+        flow, intent = self.bot.flow(machine.intent), self.bot.intent(machine.intent)
+        if flow.action is not None:
+            return None
+        if flow.response is not None:
+            reply = flow.response.format(**machine.slots)
+        elif intent.answer is not None:
+            reply = intent.answer  # curated text, not a template
+        else:
             return None
         machine.apply(DialogueEvent(EventType.ACTED, event_id=f"{turn_id}:responded" if turn_id else None))
-        return flow.response.format(**machine.slots)
+        return reply
 
     def _event(
         self, machine: DialogueStateMachine, text: str, turn_id: str | None, embedding: np.ndarray | None
-    ) -> DialogueEvent:
+    ) -> tuple[DialogueEvent, str | None]:
+        """The turn's one event, and the curated answer of a question asked mid-flow (a
+        digression: the flow stays where it is)."""
         if machine.state in (State.COLLECTING_SLOTS, State.CONFIRMING) and machine.intent is not None:
-            if machine.state == State.CONFIRMING:
-                # "no" is checked first: "no, don't do it" contains "do it".
-                if _NO.search(text):
-                    return DialogueEvent(EventType.DENIED, event_id=turn_id)
-                if _YES.search(text):
-                    return DialogueEvent(EventType.CONFIRMED, event_id=turn_id)
+            # A changed value first: "no, make it 300" corrects the amount, it does not call the transfer off.
             found = self._extractor.extract(text, self.bot.intent(machine.intent).slots)
             changed = {k: v for k, v in found.items() if machine.slots.get(k) != v}
             if changed:
-                return DialogueEvent(EventType.SLOT_FILLED, {"slots": changed}, turn_id)
+                return DialogueEvent(EventType.SLOT_FILLED, {"slots": changed}, turn_id), None
+            if machine.state == State.CONFIRMING:
+                # "no" is checked first: "no, don't do it" contains "do it".
+                if _NO.search(text):
+                    return DialogueEvent(EventType.DENIED, event_id=turn_id), None
+                if _YES.search(text):
+                    return DialogueEvent(EventType.CONFIRMED, event_id=turn_id), None
+            if _CANCEL.search(text):
+                return DialogueEvent(EventType.RESET, event_id=turn_id), None
             result = self.classifier.classify(text, embedding)
-            if result.intent not in (OUT_OF_SCOPE, machine.intent):
-                return self._detected(result.intent, result.confidence, text, turn_id)
-            return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id)
+            other = self.bot.intent(result.intent) if result.intent not in (OUT_OF_SCOPE, machine.intent) else None
+            if other is not None and other.answer is not None:
+                return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id), other.answer
+            if other is not None:
+                return self._detected(result.intent, result.confidence, text, turn_id), None
+            return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id), None
         result = self.classifier.classify(text, embedding)
         if result.intent == OUT_OF_SCOPE:
-            return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text, "confidence": result.confidence}, turn_id)
-        return self._detected(result.intent, result.confidence, text, turn_id)
+            return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text, "confidence": result.confidence}, turn_id), None
+        return self._detected(result.intent, result.confidence, text, turn_id), None
 
     def _detected(self, intent: str, confidence: float, text: str, turn_id: str | None) -> DialogueEvent:
         flow = self.bot.flow(intent)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Strict(BaseModel):
@@ -46,6 +46,13 @@ class StoryTurn(_Strict):
     action: ExpectedAction | Literal["none"] | None = None
     bot: str | None = None
     handed_off: bool | None = None
+
+    @field_validator("user", mode="before")
+    @classmethod
+    def _said_as_text(cls, value: object) -> object:
+        if isinstance(value, bool):  # YAML reads a bare yes, no, on or off as a boolean
+            raise ValueError('a bare yes or no is a YAML boolean: quote it, user: "yes"')
+        return value
 
 
 class Story(_Strict):

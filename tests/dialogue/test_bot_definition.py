@@ -51,8 +51,13 @@ def test_good_definition_parses() -> None:
 
 
 def test_missing_field_points_at_its_mapping() -> None:
+    text = GOOD.replace("  - name: order\n    examples:", "  - examples:")
+    assert problems_of(text) == ["bot.yaml line 5: intents[1].name: field required"]
+
+
+def test_an_intent_without_examples_is_refused_at_its_line() -> None:
     text = GOOD.replace("    examples:\n      - I want to order\n", "")
-    assert problems_of(text) == ["bot.yaml line 5: intents[1].examples: field required"]
+    assert problems_of(text) == ["bot.yaml line 5: intents[1].examples: intent 'order' has no examples"]
 
 
 def test_unknown_key_points_at_the_key() -> None:
