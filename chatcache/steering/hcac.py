@@ -18,12 +18,15 @@ model is not run. After the reply, `after_reply` closes an action the flow reach
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from cachetools import LRUCache
 
 from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, State
 from dialog.state_machine import DialogueStateMachine
@@ -53,13 +56,43 @@ class TurnContext:
     awaiting_agent: bool = False  # handed off to a person: the bot does not answer
 
 
-def sentence_embed(model: Any) -> Embed:
-    """A sentence-transformers model as an `Embed` function (unit-normalised rows).
+KEPT_EMBEDDINGS = 20_000
+"""Texts whose embedding is kept per embedder (about 30 MB at MiniLM's 384 dimensions)."""
 
-    Every turn embeds one short text, where `encode`'s per-call bookkeeping costs about as
-    much as the forward pass; for the common mean-pooling layout the forward pass runs
-    directly (same vectors), anything else goes through `encode`.
+_kept: weakref.WeakKeyDictionary[Any, tuple[threading.Lock, LRUCache[str, np.ndarray]]] = weakref.WeakKeyDictionary()
+
+
+def sentence_embed(model: Any) -> Embed:
+    """A sentence-transformers model as an `Embed` function (unit-normalised rows), remembering
+    what it embedded.
+
+    Every engine on a bot embeds the bot's examples (the bank bot's are 3,000), and a server
+    builds one engine per tenant: the vectors are kept per embedder model (most recently used
+    first, `KEPT_EMBEDDINGS` of them), so the examples are embedded once per process. A kept
+    vector equals a fresh one up to float rounding of the batch it was computed in.
     """
+    compute = _computing(model)
+    lock, kept = _kept.setdefault(model, (threading.Lock(), LRUCache(KEPT_EMBEDDINGS)))
+
+    def embed(texts: list[str]) -> np.ndarray:
+        with lock:
+            found = {text: kept[text] for text in texts if text in kept}
+        missing = [text for text in dict.fromkeys(texts) if text not in found]
+        if missing:
+            found.update(zip(missing, compute(missing)))
+            with lock:
+                kept.update((text, found[text]) for text in missing)
+        if not texts:
+            return compute(texts)
+        return np.stack([found[text] for text in texts])
+
+    return embed
+
+
+def _computing(model: Any) -> Embed:
+    """Every turn embeds one short text, where `encode`'s per-call bookkeeping costs about as
+    much as the forward pass; for the common mean-pooling layout the forward pass runs
+    directly (same vectors), anything else goes through `encode`."""
     if _is_mean_pooled(model):
         tokenizer, transformer = model.tokenizer, model[0].auto_model
         max_length = model.get_max_seq_length()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,3 +65,28 @@ def test_fast_embedding_path_gives_the_same_vectors_as_encode() -> None:
     reference = embedder.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
     assert fast.shape == reference.shape
     assert float(abs(fast - reference).max()) < 1e-5
+
+
+def test_kept_embeddings_equal_fresh_ones_and_are_shared_by_every_engine_on_the_embedder() -> None:
+    from chatcache.steering.hcac import KEPT_EMBEDDINGS, sentence_embed
+
+    embedder = load_embedder("bundled", device="cpu")
+    texts = ["my card has not arrived", "what rate do you exchange at", "my card has not arrived"]
+    first = sentence_embed(embedder)(texts)
+    calls: list[list[str]] = []
+    original = embedder[0].auto_model.forward
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(kwargs.get("input_ids", args[0] if args else None))
+        return original(*args, **kwargs)
+
+    embedder[0].auto_model.forward = counting
+    try:
+        again = sentence_embed(embedder)(texts)  # another engine's Embed on the same embedder
+        mixed = sentence_embed(embedder)(["what rate do you exchange at", "a text nobody embedded before"])
+    finally:
+        del embedder[0].auto_model.forward
+    assert np.array_equal(first, again) and len(calls) == 1  # only the new text was computed
+    reference = embedder.encode([*texts[:2], "a text nobody embedded before"], normalize_embeddings=True)
+    assert float(abs(first[:2] - reference[:2]).max()) < 1e-5 and float(abs(mixed[1] - reference[2]).max()) < 1e-5
+    assert np.array_equal(first[0], first[2]) and KEPT_EMBEDDINGS >= 10_000
