@@ -209,16 +209,25 @@ class SessionStore:
         Raises:
             SessionExistsError: The id belongs to another user or bot.
         """
+        return self.ensure_session(session_id, user_id, bot)[0]
+
+    def ensure_session(self, session_id: str, user_id: str, bot: str) -> tuple[ChatSession, bool]:
+        """The session, created if it does not exist yet, and whether this call created it (a
+        caller that created a session for a turn it then refuses deletes it again).
+
+        Raises:
+            SessionExistsError: The id belongs to another user or bot.
+        """
         try:
             session = self.get_session(session_id)
         except UnknownSessionError:
             try:
-                return self.create_session(session_id, user_id, bot)
-            except SessionExistsError:  # another thread created it in between
+                return self.create_session(session_id, user_id, bot), True
+            except SessionExistsError:  # another thread or process created it in between
                 session = self.get_session(session_id)
         if (session.user_id, session.bot) != (user_id, bot):
             raise SessionExistsError(session_id, "belongs to another user or bot")
-        return session
+        return session, False
 
     def list_sessions(
         self,

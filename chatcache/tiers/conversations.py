@@ -27,7 +27,7 @@ from typing import Any
 
 from datetime import datetime, timezone
 
-from storage import ChatSession, Fact, FactKind, NewFact, SessionExistsError, SessionHead, SessionStore, UnknownSessionError
+from storage import Fact, FactKind, NewFact, SessionHead, SessionStore
 from storage import Message as StoredMessage
 from storage.rules import text_problem
 
@@ -165,22 +165,11 @@ class Conversations:
             loaded = self._loaded.get(session_id)
             if loaded is not None:
                 return loaded
-        session, created = self._get_or_create(session_id) if create else (self.store.get_session(session_id), False)
+        session, created = self.store.ensure_session(session_id, self.user_id, self.bot) if create else (self.store.get_session(session_id), False)
         conversation = self._rebuild(session_id, session.state, session.version)
         conversation.created_empty = created
         with self._lock:
             return self._loaded.setdefault(session_id, conversation)
-
-    def _get_or_create(self, session_id: str) -> tuple[ChatSession, bool]:
-        """The session, created if it does not exist yet, and whether this call created it."""
-        try:
-            self.store.get_session(session_id)
-        except UnknownSessionError:
-            try:
-                return self.store.create_session(session_id, self.user_id, self.bot), True
-            except SessionExistsError:
-                pass  # another thread or process created it in between
-        return self.store.get_or_create_session(session_id, self.user_id, self.bot), False
 
     def _rebuild(self, session_id: str, state: dict[str, Any], version: int) -> Conversation:
         facts = self.store.facts(session_id)

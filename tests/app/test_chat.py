@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from apps.tui.widgets import CachePanel, ChatLog, PromptInput
+from apps.tui.widgets import ChatLog, PromptInput
 from chatcache import ReplyStream
 
 pytestmark = pytest.mark.anyio

@@ -67,6 +67,25 @@ def test_get_or_create_creates_once_then_returns_the_same_session(store: Session
     assert len(store.messages("s1")) == 1
 
 
+def test_ensure_session_says_which_call_created_it_also_when_threads_race(store: SessionStore) -> None:
+    import threading
+
+    results: list[bool] = []
+    start = threading.Barrier(8)
+
+    def ensure() -> None:
+        start.wait()
+        results.append(store.ensure_session("raced", "ada", "travel")[1])
+
+    threads = [threading.Thread(target=ensure) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False] * 7 + [True]  # exactly one call created it
+    assert store.ensure_session("raced", "ada", "travel")[1] is False and store.count_sessions() == 1
+
+
 def test_get_or_create_refuses_another_users_session(store: SessionStore) -> None:
     store.create_session("s1", "ada", "travel")
 
