@@ -1,0 +1,347 @@
+"""A demo core-banking system: the backend the shipped bank bot's actions really act on.
+
+Each chatbot user is a customer, opened on first use with a current account holding
+2,500.00 EUR and an active debit and credit card, so a demo starts with money to move. Every
+operation is one database transaction (opening a new customer is one before it, kept even if
+the operation is refused), and those that move money are safe under concurrent threads and
+processes: the debit is a conditional UPDATE (`balance >= amount`) whose row count
+says whether it happened, so two transfers can never overdraw an account between them, on
+SQLite or PostgreSQL alike. A transfer carries the chatbot turn's idempotency key, so a
+retried turn gets the first attempt's receipt instead of sending the money twice.
+
+What it deliberately does not do: transfers go to other banks' account numbers only (nobody
+here is credited, so a cancelled transfer takes nothing back from a recipient), there is one
+currency, and no interest, fees, statements or authentication: the chatbot vouches for its user.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from sqlalchemy import CursorResult, Update, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from .database import connect, database_url
+from .tables import PIN_TRIES, Account, Base, Card, CardStatus, CardType, Customer, TopUp, Transfer, TransferStatus
+
+CURRENCY = "EUR"
+OPENING_BALANCE_CENTS = 250_000
+MAX_TOP_UP_CENTS = 1_000_000
+CANCEL_WINDOW = timedelta(minutes=30)
+ARRIVAL_WORKING_DAYS = 5  # how long an ordered card takes to arrive
+_OPEN_CUSTOMER_TRIES = 5  # a new account number may collide with an existing one
+_ACCOUNT_NUMBER = re.compile(r"\d{8}")
+_NOTHING_TO_CANCEL = f"There is no transfer from the last {CANCEL_WINDOW.seconds // 60} minutes that could still be cancelled."
+
+
+class BankingError(ValueError):
+    """An operation the bank refuses; the message is written for the customer."""
+
+
+@dataclass(frozen=True)
+class Balance:
+    account: str
+    balance_cents: int
+    currency: str
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What moving money left: its reference, the amount, and the balance after it."""
+
+    reference: str
+    amount_cents: int
+    balance_cents: int
+    to_account: str | None = None  # where a transfer went; None for a top-up
+
+
+@dataclass(frozen=True)
+class CardInfo:
+    card_type: CardType
+    last4: str
+    status: CardStatus
+    order_reference: str
+
+
+def format_money(cents: int) -> str:
+    """Cents as a customer reads them: 250000 is "2,500.00"."""
+    return f"{Decimal(cents) / 100:,.2f}"
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)  # naive UTC, as the tables keep it
+
+
+class CoreBanking:
+    """The demo bank, each operation for one chatbot user id.
+
+    Args:
+        url: a SQLAlchemy database URL; None: `database.database_url()`. The tables are
+            created if missing. (In-memory SQLite is one database per thread: use a file for threads.)
+        clock: the current time as naive UTC (a test's own clock, to age a transfer).
+    """
+
+    def __init__(self, url: str | None = None, clock: Callable[[], datetime] = _utc_now) -> None:
+        self.engine = connect(url or database_url())
+        Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._now = clock
+
+    def close(self) -> None:
+        """Close the pooled connections (a SQLite file can then be deleted)."""
+        self.engine.dispose()
+
+    def balance(self, user_id: str) -> Balance:
+        """The customer's account number, balance and currency."""
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            account = session.get_one(Account, account_id)
+            return Balance(account.number, account.balance_cents, account.currency)
+
+    def transfer(self, user_id: str, amount: Decimal, to_account: str, idempotency_key: str | None = None) -> Receipt:
+        """Send `amount` to the account number `to_account`; with a key already used, the
+        first transfer's receipt, and no money moves.
+
+        Raises:
+            BankingError: the amount is not positive or not covered by the balance, or the
+                account number is not 8 digits or is the customer's own.
+        """
+        cents = _cents(amount)
+        account_id = self._account_id(user_id)
+        try:
+            with self._sessions.begin() as session:
+                if idempotency_key is not None and (first := _transfer_by_key(session, account_id, idempotency_key)) is not None:
+                    return first
+                account = session.get_one(Account, account_id)
+                if not _ACCOUNT_NUMBER.fullmatch(to_account):
+                    raise BankingError(f"An account number has 8 digits, and {to_account} does not.")
+                if to_account == account.number:
+                    raise BankingError("That is your own account; a transfer goes to someone else's.")
+                balance = _debit(session, account, cents)
+                transfer = Transfer(
+                    account_id=account_id,
+                    amount_cents=cents,
+                    to_account=to_account,
+                    status=TransferStatus.DONE,
+                    created_at=self._now(),
+                    idempotency_key=idempotency_key,
+                    balance_after_cents=balance,
+                )
+                session.add(transfer)
+                session.flush()
+                return _receipt(transfer)
+        except IntegrityError:
+            # A concurrent retry of the same turn recorded its transfer first (PostgreSQL; on
+            # SQLite writers queue, so the lookup above finds it): this attempt rolled back.
+            with self._sessions.begin() as session:
+                first = _transfer_by_key(session, account_id, idempotency_key) if idempotency_key else None
+            if first is None:
+                raise
+            return first
+
+    def top_up(self, user_id: str, amount: Decimal) -> Receipt:
+        """Pay `amount` into the account.
+
+        Raises:
+            BankingError: the amount is not positive or is over the limit of one top-up.
+        """
+        cents = _cents(amount)
+        if cents > MAX_TOP_UP_CENTS:
+            raise BankingError(f"A top-up can be at most {format_money(MAX_TOP_UP_CENTS)} {CURRENCY}.")
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            session.execute(update(Account).where(Account.id == account_id).values(balance_cents=Account.balance_cents + cents))
+            top_up = TopUp(account_id=account_id, amount_cents=cents, created_at=self._now())
+            session.add(top_up)
+            session.flush()
+            return Receipt(top_up.reference, cents, _balance_cents(session, account_id))
+
+    def cancel_transfer(self, user_id: str) -> Receipt:
+        """Cancel the latest transfer still done and made within `CANCEL_WINDOW`: its money comes back.
+
+        Raises:
+            BankingError: there is no such transfer.
+        """
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            since = self._now() - CANCEL_WINDOW
+            latest = session.scalars(
+                select(Transfer)
+                .where(Transfer.account_id == account_id, Transfer.status == TransferStatus.DONE, Transfer.created_at >= since)
+                .order_by(Transfer.id.desc())
+                .limit(1)
+            ).first()
+            if latest is None:
+                raise BankingError(_NOTHING_TO_CANCEL)
+            # Conditional, like the debit: of two concurrent cancels, one gives the money back.
+            cancelled = _changed(
+                session, update(Transfer).where(Transfer.id == latest.id, Transfer.status == TransferStatus.DONE).values(status=TransferStatus.CANCELLED)
+            )
+            if cancelled != 1:
+                raise BankingError(_NOTHING_TO_CANCEL)
+            session.execute(update(Account).where(Account.id == account_id).values(balance_cents=Account.balance_cents + latest.amount_cents))
+            return Receipt(latest.reference, latest.amount_cents, _balance_cents(session, account_id), latest.to_account)
+
+    def block_card(self, user_id: str, card_type: str) -> CardInfo:
+        """Block the customer's `card_type` card ("debit", "credit", "virtual"): the newest one
+        in use, whose replacement may still be in the post. Already blocked, it is returned as
+        it is, so asking twice blocks one card, not the next one too.
+
+        Raises:
+            BankingError: the card type is unknown, or the customer has no such card.
+        """
+        wanted = _card_type(card_type)
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            card = _newest_card(session, account_id, wanted, CardStatus.ACTIVE, CardStatus.BLOCKED)
+            if card is None:
+                raise BankingError(f"You have no {wanted.value} card to block.")
+            card.status = CardStatus.BLOCKED
+            return _card_info(card)
+
+    def order_card(self, user_id: str) -> CardInfo:
+        """Order a new physical debit card; it arrives in `ARRIVAL_WORKING_DAYS` working days."""
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            card = self._new_card(account_id, CardType.DEBIT, CardStatus.ORDERED)
+            session.add(card)
+            session.flush()
+            return _card_info(card)
+
+    def activate_card(self, user_id: str) -> CardInfo:
+        """Activate the newest ordered card.
+
+        Raises:
+            BankingError: no card is on its way.
+        """
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            card = session.scalars(
+                select(Card).where(Card.account_id == account_id, Card.status == CardStatus.ORDERED).order_by(Card.id.desc()).limit(1)
+            ).first()
+            if card is None:
+                raise BankingError("You have no ordered card waiting to be activated.")
+            card.status = CardStatus.ACTIVE
+            return _card_info(card)
+
+    def virtual_card(self, user_id: str) -> CardInfo:
+        """Issue a new virtual card, active at once."""
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            card = self._new_card(account_id, CardType.VIRTUAL, CardStatus.ACTIVE)
+            session.add(card)
+            session.flush()
+            return _card_info(card)
+
+    def unblock_pin(self, user_id: str) -> CardInfo:
+        """Give the active debit card its PIN tries back.
+
+        Raises:
+            BankingError: the customer has no active debit card.
+        """
+        account_id = self._account_id(user_id)
+        with self._sessions.begin() as session:
+            card = _newest_card(session, account_id, CardType.DEBIT, CardStatus.ACTIVE)
+            if card is None:
+                raise BankingError("You have no active debit card whose PIN could be unblocked.")
+            card.pin_tries_left = PIN_TRIES
+            return _card_info(card)
+
+    def _account_id(self, user_id: str) -> int:
+        """The id of `user_id`'s account, opening the customer with demo data if new.
+
+        Its own transaction, so a customer stays open even when the operation that opened it fails.
+        """
+        for _ in range(_OPEN_CUSTOMER_TRIES):
+            with self._sessions.begin() as session:
+                found = session.scalar(select(Account.id).join(Customer).where(Customer.user_id == user_id))
+            if found is not None:
+                return found
+            try:
+                self._open_customer(user_id)
+            except IntegrityError:
+                continue  # another thread opened this customer first, or the account number is taken
+        raise BankingError("Your account could not be opened just now; please try again.")
+
+    def _open_customer(self, user_id: str) -> None:
+        with self._sessions.begin() as session:
+            customer = Customer(user_id=user_id, created_at=self._now())
+            session.add(customer)
+            session.flush()
+            account = Account(customer_id=customer.id, number=f"{secrets.randbelow(10**8):08d}", currency=CURRENCY, balance_cents=OPENING_BALANCE_CENTS)
+            session.add(account)
+            session.flush()
+            session.add_all([self._new_card(account.id, CardType.DEBIT, CardStatus.ACTIVE), self._new_card(account.id, CardType.CREDIT, CardStatus.ACTIVE)])
+
+    def _new_card(self, account_id: int, card_type: CardType, status: CardStatus) -> Card:
+        return Card(account_id=account_id, card_type=card_type, last4=f"{secrets.randbelow(10**4):04d}", status=status, pin_tries_left=PIN_TRIES, created_at=self._now())
+
+
+def _cents(amount: Decimal) -> int:
+    if not amount.is_finite() or amount <= 0:
+        raise BankingError("The amount must be more than zero.")
+    cents = amount * 100
+    if cents != cents.to_integral_value():
+        raise BankingError("An amount cannot go below the cent.")
+    return int(cents)
+
+
+def _debit(session: Session, account: Account, cents: int) -> int:
+    """Take `cents` from the account, or refuse if its balance does not cover them; the balance after."""
+    # The balance read here is a clear message early; the WHERE is the guard that holds under concurrency.
+    if cents <= account.balance_cents:
+        taken = _changed(
+            session, update(Account).where(Account.id == account.id, Account.balance_cents >= cents).values(balance_cents=Account.balance_cents - cents)
+        )
+        if taken == 1:
+            return _balance_cents(session, account.id)
+    balance = _balance_cents(session, account.id)
+    raise BankingError(f"Your balance of {format_money(balance)} {account.currency} does not cover {format_money(cents)} {account.currency}.")
+
+
+def _changed(session: Session, statement: Update) -> int:
+    """How many rows an UPDATE changed: its result is a cursor's, which `Session.execute` does not type."""
+    result = session.execute(statement)
+    assert isinstance(result, CursorResult)
+    return result.rowcount
+
+
+def _balance_cents(session: Session, account_id: int) -> int:
+    balance = session.scalar(select(Account.balance_cents).where(Account.id == account_id))
+    assert balance is not None
+    return balance
+
+
+def _transfer_by_key(session: Session, account_id: int, key: str) -> Receipt | None:
+    transfer = session.scalars(select(Transfer).where(Transfer.account_id == account_id, Transfer.idempotency_key == key)).first()
+    if transfer is None:
+        return None
+    return _receipt(transfer)
+
+
+def _receipt(transfer: Transfer) -> Receipt:
+    return Receipt(transfer.reference, transfer.amount_cents, transfer.balance_after_cents, transfer.to_account)
+
+
+def _newest_card(session: Session, account_id: int, card_type: CardType, *statuses: CardStatus) -> Card | None:
+    return session.scalars(
+        select(Card).where(Card.account_id == account_id, Card.card_type == card_type, Card.status.in_(statuses)).order_by(Card.id.desc()).limit(1)
+    ).first()
+
+
+def _card_type(name: str) -> CardType:
+    """The card type a customer names: "debit", "Debit card", "credit", "virtual"."""
+    try:
+        return CardType(name.strip().lower().removesuffix(" card"))
+    except ValueError:
+        raise BankingError("I can block a debit, a credit or a virtual card.") from None
+
+
+def _card_info(card: Card) -> CardInfo:
+    return CardInfo(card.card_type, card.last4, card.status, card.order_reference)
