@@ -207,12 +207,7 @@ class CoreBanking:
 
     def order_card(self, user_id: str) -> CardInfo:
         """Order a new physical debit card; it arrives in `ARRIVAL_WORKING_DAYS` working days."""
-        account_id = self._account_id(user_id)
-        with self._sessions.begin() as session:
-            card = self._new_card(account_id, CardType.DEBIT, CardStatus.ORDERED)
-            session.add(card)
-            session.flush()
-            return _card_info(card)
+        return self._issue_card(user_id, CardType.DEBIT, CardStatus.ORDERED)
 
     def activate_card(self, user_id: str) -> CardInfo:
         """Activate the newest ordered card.
@@ -232,9 +227,12 @@ class CoreBanking:
 
     def virtual_card(self, user_id: str) -> CardInfo:
         """Issue a new virtual card, active at once."""
+        return self._issue_card(user_id, CardType.VIRTUAL, CardStatus.ACTIVE)
+
+    def _issue_card(self, user_id: str, card_type: CardType, status: CardStatus) -> CardInfo:
         account_id = self._account_id(user_id)
         with self._sessions.begin() as session:
-            card = self._new_card(account_id, CardType.VIRTUAL, CardStatus.ACTIVE)
+            card = self._new_card(account_id, card_type, status)
             session.add(card)
             session.flush()
             return _card_info(card)
