@@ -38,12 +38,14 @@ def _evaluation(name: str) -> Callable[[list[str]], int]:
         from .evals.drift import main as run
     elif name == "answer-cache":
         from .evals.answer_cache import main_answer_cache as run
+    elif name == "intents":
+        from .evals.intents import main as run
     else:
         from .evals.answer_cache import main_pairs as run
     return run
 
 
-EVALUATIONS = ("drift", "answer-cache", "pairs")
+EVALUATIONS = ("drift", "answer-cache", "pairs", "intents")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
     init.add_argument("name", help="the bot's name, also its directory's")
     init.add_argument("--dir", type=Path, default=Path("."), help="where its directory goes (default: here)")
-    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs")
+    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs, intents")
     evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
     return parser
 
