@@ -1,7 +1,7 @@
 """`chatcache init NAME`: a new bot's files, from the template in `dialog/template`.
 
-The template is a small working bot (a fixed reply, a flow that asks for a slot and calls a
-cached action, a hand-off, a fallback) with its conversation tests, so that `chatcache
+The template is a small working bot (answers from its knowledge base, a flow that asks for a
+slot and calls a cached action, a hand-off, a fallback) with its conversation tests, so that `chatcache
 test-bot` passes on it from the first minute and each part shows how it is written.
 """
 
@@ -13,7 +13,13 @@ from pathlib import Path
 
 TEMPLATE = Path(__file__).parent / "template"
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
-FILES = {"bot.yaml.tmpl": "{name}.yaml", "actions.py.tmpl": "actions.py", "stories.yaml.tmpl": "stories.yaml", "README.md.tmpl": "README.md"}
+FILES = {
+    "bot.yaml.tmpl": "{name}.yaml",
+    "actions.py.tmpl": "actions.py",
+    "knowledge.yaml.tmpl": "knowledge.yaml",
+    "stories.yaml.tmpl": "stories.yaml",
+    "README.md.tmpl": "README.md",
+}
 
 
 class ScaffoldError(ValueError):

@@ -12,13 +12,13 @@ from chatcache.cli import main
 def test_a_new_bot_loads_and_passes_its_own_stories(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["init", "demo", "--dir", str(tmp_path)]) == 0
     made = tmp_path / "demo"
-    assert sorted(p.name for p in made.iterdir()) == ["README.md", "actions.py", "demo.yaml", "stories.yaml"]
+    assert sorted(p.name for p in made.iterdir()) == ["README.md", "actions.py", "demo.yaml", "knowledge.yaml", "stories.yaml"]
     assert "$name" not in (made / "demo.yaml").read_text() and "demo" in (made / "README.md").read_text()
     capsys.readouterr()
     code = main(["test-bot", str(made / "demo.yaml"), str(made / "stories.yaml"), "--model", str(tiny_model_dir)])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "5 of 5 stories passed" in out
+    assert "6 of 6 stories passed" in out
 
 
 def test_init_refuses_a_bad_name_and_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
