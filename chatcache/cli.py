@@ -46,6 +46,7 @@ def _evaluation(name: str) -> Callable[[list[str]], int]:
 
 
 EVALUATIONS = ("drift", "answer-cache", "pairs", "intents")
+LISTED_INTENTS = 8  # `chatcache bots` names a bot's first intents, then counts the rest
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -198,7 +199,8 @@ def _list_bots() -> int:
 
     for name in shipped_bots():
         intents = [intent.name for intent in load_bot(name).intents]
-        print(f"{name}: {len(intents)} intents ({', '.join(intents)})")
+        shown = ", ".join(intents[:LISTED_INTENTS]) + (f" and {len(intents) - LISTED_INTENTS} more" if len(intents) > LISTED_INTENTS else "")
+        print(f"{name}: {len(intents)} intents ({shown})")
     print("Use one with --bot NAME, or pass --bot path/to/bot.yaml (see dialog/bots/ for the format).")
     return 0
 
