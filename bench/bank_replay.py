@@ -35,6 +35,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from dialog.training import read_labelled
 from .common import BenchRun, bench_arguments
 
 MODEL_TIERS = frozenset({"session", "disk", "prefix", "none"})  # the model wrote the reply
+SERVED_BY_A_TIER = (MODEL_TIERS - {"none"}) | {"answer"}  # a reused KV, or the answer cache
 HOT_INTENTS = 8  # the questions most customers ask are about this many intents
 AMOUNTS = ("20", "45", "120", "250", "80")
 
@@ -135,9 +137,7 @@ def replay(engine: ChatEngine, customers: list[Customer], at_once: int, max_new_
 
 def summary(wall_s: float, records: list[TurnRecord]) -> dict[str, Any]:
     latencies = sorted(r.latency_s for r in records)
-    tiers: dict[str, int] = {}
-    for record in records:
-        tiers[record.tier] = tiers.get(record.tier, 0) + 1
+    tiers = Counter(record.tier for record in records)
     return {
         "turns": len(records),
         "wall_s": round(wall_s, 1),
@@ -149,13 +149,13 @@ def summary(wall_s: float, records: list[TurnRecord]) -> dict[str, Any]:
     }
 
 
-def engine_for(chat_model: ChatModel, scratch: str, config: str) -> ChatEngine:
+def engine_for(chat_model: ChatModel, bot: BotDefinition, scratch: str, config: str) -> ChatEngine:
     """The bank bot with every tier on or off, or the model alone on the bot's instructions."""
     tiers = config == "tiers_on"
     return ChatEngine(
         chat_model,
         bot="bank" if config != "model_only" else None,
-        system_prompt=load_bot("bank").instructions if config == "model_only" else None,
+        system_prompt=bot.instructions if config == "model_only" else None,
         store=f"sqlite:///{scratch}/sessions.db",
         answer_cache=AnswerCacheConfig() if tiers else False,
         drift=tiers,
@@ -175,7 +175,7 @@ def compare(on: Iterable[TurnRecord], off: Iterable[TurnRecord]) -> dict[str, An
     served = same_served = 0
     for record in on:
         other = without[(record.customer, record.index)]
-        by_a_tier = record.tier in ("answer", "session", "disk", "prefix")
+        by_a_tier = record.tier in SERVED_BY_A_TIER
         served += by_a_tier
         same_served += by_a_tier and record.reply == other.reply
         if record.reply == other.reply:
@@ -239,7 +239,7 @@ def main() -> None:
         replayed = customers[:model_only_count] if name == "model_only" else customers
         with tempfile.TemporaryDirectory() as scratch:
             os.environ["CHATCACHE_BANK_DB"] = f"sqlite:///{scratch}/bank.db"  # the same fresh demo bank each time
-            with engine_for(chat_model, scratch, name) as engine:
+            with engine_for(chat_model, bot, scratch, name) as engine:
                 wall_s, records[name] = replay(engine, replayed, args.at_once, args.max_new_tokens)
             results[name] = summary(wall_s, records[name])
             run.section(name, results[name])
