@@ -6,8 +6,9 @@ operation is one database transaction (opening a new customer is one before it, 
 the operation is refused), and those that move money are safe under concurrent threads and
 processes: the debit is a conditional UPDATE (`balance >= amount`) whose row count
 says whether it happened, so two transfers can never overdraw an account between them, on
-SQLite or PostgreSQL alike. A transfer carries the chatbot turn's idempotency key, so a
-retried turn gets the first attempt's receipt instead of sending the money twice.
+SQLite or PostgreSQL alike. A transfer, a top-up and a cancellation carry the chatbot turn's
+idempotency key, so a retried turn gets the first attempt's receipt instead of moving the money
+twice.
 
 What it deliberately does not do: transfers go to other banks' account numbers only (nobody
 here is credited, so a cancelled transfer takes nothing back from a recipient), there is one
@@ -23,11 +24,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from sqlalchemy import CursorResult, Update, select, update
+from sqlalchemy import CursorResult, Engine, Update, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .database import connect, database_url
+from chatcache.errors import ConfigError
+
+from .database import DB_ENV, connect, database_url
 from .tables import PIN_TRIES, Account, Base, Card, CardStatus, CardType, Customer, TopUp, Transfer, TransferStatus
 
 CURRENCY = "EUR"
@@ -85,11 +88,15 @@ class CoreBanking:
         url: a SQLAlchemy database URL; None: `database.database_url()`. The tables are
             created if missing. (In-memory SQLite is one database per thread: use a file for threads.)
         clock: the current time as naive UTC (a test's own clock, to age a transfer).
+
+    Raises:
+        ConfigError: the database holds the tables of an older demo, without today's columns.
     """
 
     def __init__(self, url: str | None = None, clock: Callable[[], datetime] = _utc_now) -> None:
         self.engine = connect(url or database_url())
         Base.metadata.create_all(self.engine)
+        _check_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._now = clock
 
@@ -114,39 +121,32 @@ class CoreBanking:
         """
         cents = _cents(amount)
         account_id = self._account_id(user_id)
-        try:
-            with self._sessions.begin() as session:
-                if idempotency_key is not None and (first := _transfer_by_key(session, account_id, idempotency_key)) is not None:
-                    return first
-                account = session.get_one(Account, account_id)
-                if not _ACCOUNT_NUMBER.fullmatch(to_account):
-                    raise BankingError(f"An account number has 8 digits, and {to_account} does not.")
-                if to_account == account.number:
-                    raise BankingError("That is your own account; a transfer goes to someone else's.")
-                balance = _debit(session, account, cents)
-                transfer = Transfer(
-                    account_id=account_id,
-                    amount_cents=cents,
-                    to_account=to_account,
-                    status=TransferStatus.DONE,
-                    created_at=self._now(),
-                    idempotency_key=idempotency_key,
-                    balance_after_cents=balance,
-                )
-                session.add(transfer)
-                session.flush()
-                return _receipt(transfer)
-        except IntegrityError:
-            # A concurrent retry of the same turn recorded its transfer first (PostgreSQL; on
-            # SQLite writers queue, so the lookup above finds it): this attempt rolled back.
-            with self._sessions.begin() as session:
-                first = _transfer_by_key(session, account_id, idempotency_key) if idempotency_key else None
-            if first is None:
-                raise
-            return first
 
-    def top_up(self, user_id: str, amount: Decimal) -> Receipt:
-        """Pay `amount` into the account.
+        def send(session: Session) -> Receipt:
+            account = session.get_one(Account, account_id)
+            if not _ACCOUNT_NUMBER.fullmatch(to_account):
+                raise BankingError(f"An account number has 8 digits, and {to_account} does not.")
+            if to_account == account.number:
+                raise BankingError("That is your own account; a transfer goes to someone else's.")
+            balance = _debit(session, account, cents)
+            transfer = Transfer(
+                account_id=account_id,
+                amount_cents=cents,
+                to_account=to_account,
+                status=TransferStatus.DONE,
+                created_at=self._now(),
+                idempotency_key=idempotency_key,
+                balance_after_cents=balance,
+            )
+            session.add(transfer)
+            session.flush()
+            return _receipt(transfer)
+
+        return self._once(idempotency_key, lambda session, key: _transfer_by_key(session, account_id, key), send)
+
+    def top_up(self, user_id: str, amount: Decimal, idempotency_key: str | None = None) -> Receipt:
+        """Pay `amount` into the account; with a key already used, the first top-up's receipt,
+        and no money moves.
 
         Raises:
             BankingError: the amount is not positive or is over the limit of one top-up.
@@ -155,21 +155,33 @@ class CoreBanking:
         if cents > MAX_TOP_UP_CENTS:
             raise BankingError(f"A top-up can be at most {format_money(MAX_TOP_UP_CENTS)} {CURRENCY}.")
         account_id = self._account_id(user_id)
-        with self._sessions.begin() as session:
+
+        def pay_in(session: Session) -> Receipt:
             session.execute(update(Account).where(Account.id == account_id).values(balance_cents=Account.balance_cents + cents))
-            top_up = TopUp(account_id=account_id, amount_cents=cents, created_at=self._now())
+            top_up = TopUp(
+                account_id=account_id,
+                amount_cents=cents,
+                created_at=self._now(),
+                idempotency_key=idempotency_key,
+                balance_after_cents=_balance_cents(session, account_id),
+            )
             session.add(top_up)
             session.flush()
-            return Receipt(top_up.reference, cents, _balance_cents(session, account_id))
+            return Receipt(top_up.reference, cents, top_up.balance_after_cents)
 
-    def cancel_transfer(self, user_id: str) -> Receipt:
-        """Cancel the latest transfer still done and made within `CANCEL_WINDOW`: its money comes back.
+        return self._once(idempotency_key, lambda session, key: _top_up_by_key(session, account_id, key), pay_in)
+
+    def cancel_transfer(self, user_id: str, idempotency_key: str | None = None) -> Receipt:
+        """Cancel the latest transfer still done and made within `CANCEL_WINDOW`: its money comes
+        back. With a key already used, the receipt of the transfer that key cancelled, and
+        nothing else is cancelled.
 
         Raises:
             BankingError: there is no such transfer.
         """
         account_id = self._account_id(user_id)
-        with self._sessions.begin() as session:
+
+        def cancel(session: Session) -> Receipt:
             since = self._now() - CANCEL_WINDOW
             latest = session.scalars(
                 select(Transfer)
@@ -181,12 +193,38 @@ class CoreBanking:
                 raise BankingError(_NOTHING_TO_CANCEL)
             # Conditional, like the debit: of two concurrent cancels, one gives the money back.
             cancelled = _changed(
-                session, update(Transfer).where(Transfer.id == latest.id, Transfer.status == TransferStatus.DONE).values(status=TransferStatus.CANCELLED)
+                session,
+                update(Transfer)
+                .where(Transfer.id == latest.id, Transfer.status == TransferStatus.DONE)
+                .values(status=TransferStatus.CANCELLED, cancel_key=idempotency_key),
             )
             if cancelled != 1:
                 raise BankingError(_NOTHING_TO_CANCEL)
             session.execute(update(Account).where(Account.id == account_id).values(balance_cents=Account.balance_cents + latest.amount_cents))
-            return Receipt(latest.reference, latest.amount_cents, _balance_cents(session, account_id), latest.to_account)
+            balance = _balance_cents(session, account_id)
+            session.execute(update(Transfer).where(Transfer.id == latest.id).values(balance_after_cancel_cents=balance))
+            return Receipt(latest.reference, latest.amount_cents, balance, latest.to_account)
+
+        return self._once(idempotency_key, lambda session, key: _cancel_by_key(session, account_id, key), cancel)
+
+    def _once(self, key: str | None, first_with: Callable[[Session, str], Receipt | None], act: Callable[[Session], Receipt]) -> Receipt:
+        """`act` in one transaction, unless the turn `key` already acted: then that first
+        receipt (`first_with(session, key)`), and nothing happens again."""
+        try:
+            with self._sessions.begin() as session:
+                if key is not None and (first := first_with(session, key)) is not None:
+                    return first
+                return act(session)
+        except IntegrityError:
+            # A concurrent retry of the same turn recorded its row first (PostgreSQL; on
+            # SQLite writers queue, so the lookup above finds it): this attempt rolled back.
+            if key is None:
+                raise
+            with self._sessions.begin() as session:
+                first = first_with(session, key)
+            if first is None:
+                raise
+            return first
 
     def block_card(self, user_id: str, card_type: str) -> CardInfo:
         """Block the customer's `card_type` card ("debit", "credit", "virtual"): the newest one
@@ -281,6 +319,19 @@ class CoreBanking:
         return Card(account_id=account_id, card_type=card_type, last4=f"{secrets.randbelow(10**4):04d}", status=status, pin_tries_left=PIN_TRIES, created_at=self._now())
 
 
+def _check_columns(engine: Engine) -> None:
+    """`create_all` adds missing tables, not missing columns: an older demo's database is refused by name."""
+    inspector = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        missing = [column.name for column in table.columns if column.name not in present]
+        if missing:
+            raise ConfigError(
+                f"The demo bank's database {engine.url.render_as_string(hide_password=True)} is from an older version "
+                f"(table {table.name} lacks {', '.join(missing)}): delete it to start the demo afresh, or set ${DB_ENV} to another."
+            )
+
+
 def _cents(amount: Decimal) -> int:
     if not amount.is_finite() or amount <= 0:
         raise BankingError("The amount must be more than zero.")
@@ -318,9 +369,19 @@ def _balance_cents(session: Session, account_id: int) -> int:
 
 def _transfer_by_key(session: Session, account_id: int, key: str) -> Receipt | None:
     transfer = session.scalars(select(Transfer).where(Transfer.account_id == account_id, Transfer.idempotency_key == key)).first()
-    if transfer is None:
+    return None if transfer is None else _receipt(transfer)
+
+
+def _top_up_by_key(session: Session, account_id: int, key: str) -> Receipt | None:
+    top_up = session.scalars(select(TopUp).where(TopUp.account_id == account_id, TopUp.idempotency_key == key)).first()
+    return None if top_up is None else Receipt(top_up.reference, top_up.amount_cents, top_up.balance_after_cents)
+
+
+def _cancel_by_key(session: Session, account_id: int, key: str) -> Receipt | None:
+    transfer = session.scalars(select(Transfer).where(Transfer.account_id == account_id, Transfer.cancel_key == key)).first()
+    if transfer is None or transfer.balance_after_cancel_cents is None:
         return None
-    return _receipt(transfer)
+    return Receipt(transfer.reference, transfer.amount_cents, transfer.balance_after_cancel_cents, transfer.to_account)
 
 
 def _receipt(transfer: Transfer) -> Receipt:

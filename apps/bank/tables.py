@@ -90,7 +90,7 @@ class Transfer(Base):
     """
 
     __tablename__ = "transfers"
-    __table_args__ = (UniqueConstraint("account_id", "idempotency_key"),)
+    __table_args__ = (UniqueConstraint("account_id", "idempotency_key"), UniqueConstraint("account_id", "cancel_key"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
@@ -100,6 +100,9 @@ class Transfer(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     balance_after_cents: Mapped[int] = mapped_column(Integer)
+    # The turn that cancelled it and the balance that left, for that turn's retries.
+    cancel_key: Mapped[str | None] = mapped_column(String(200))
+    balance_after_cancel_cents: Mapped[int | None] = mapped_column(Integer)
 
     @property
     def reference(self) -> str:
@@ -107,14 +110,17 @@ class Transfer(Base):
 
 
 class TopUp(Base):
-    """Money paid into an account (from a card the demo does not model)."""
+    """Money paid into an account (from a card the demo does not model); keyed by its turn, as a transfer is."""
 
     __tablename__ = "top_ups"
+    __table_args__ = (UniqueConstraint("account_id", "idempotency_key"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
     amount_cents: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    balance_after_cents: Mapped[int] = mapped_column(Integer)
 
     @property
     def reference(self) -> str:

@@ -100,6 +100,16 @@ def test_a_retried_turn_transfers_once(actions: Actions) -> None:
     assert actions.perform("fetch_balance", {}, _turn(2)).result["balance"] == "2,400.00"  # type: ignore[index]
 
 
+def test_a_retried_turn_tops_up_and_cancels_once(actions: Actions) -> None:
+    actions.perform("transfer_money", {"amount": "100", "to_account": "12345678"}, _turn(1))
+    actions.perform("transfer_money", {"amount": "200", "to_account": "12345678"}, _turn(2))
+    for _ in range(2):
+        cancelled = actions.perform("cancel_transfer", {}, _turn(3))
+        topped_up = actions.perform("top_up", {"amount": "50"}, _turn(4))
+    assert cancelled.result["amount"] == "200.00" and topped_up.result["balance"] == "2,450.00"  # type: ignore[index]
+    assert actions.perform("fetch_balance", {}, _turn(5)).result["balance"] == "2,450.00"  # type: ignore[index]
+
+
 def test_a_refused_action_gets_its_error_response_with_the_banks_reason(actions: Actions) -> None:
     refused = actions.perform("transfer_money", {"amount": "9999", "to_account": "12345678"}, _turn(1))
     assert refused.reply == "transfer_money did not go through." and refused.result is None

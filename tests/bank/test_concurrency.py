@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 from apps.bank import BankingError, CoreBanking, Receipt
 from apps.bank.tables import Customer, Transfer
 
+from .conftest import FakeClock
+
 THREADS = 12
 Result = TypeVar("Result")
 
@@ -70,6 +72,29 @@ def test_concurrent_retries_of_one_turn_send_the_money_once(bank: CoreBanking, b
         second.close()
     assert all(isinstance(o, Receipt) for o in outcomes), outcomes
     assert len(set(outcomes)) == 1 and bank.balance("ada").balance_cents == 220_000
+
+
+def test_concurrent_retries_of_one_top_up_pay_in_once(bank: CoreBanking, bank_url: str) -> None:
+    bank.balance("ada")
+    second = CoreBanking(bank_url)
+    try:
+        outcomes = _race([bank, second], lambda backend, i: backend.top_up("ada", Decimal("300"), idempotency_key="turn-1"))
+    finally:
+        second.close()
+    assert all(isinstance(o, Receipt) for o in outcomes), outcomes
+    assert len(set(outcomes)) == 1 and bank.balance("ada").balance_cents == 280_000
+
+
+def test_concurrent_retries_of_one_cancel_give_the_money_back_once(bank: CoreBanking, bank_url: str, clock: FakeClock) -> None:
+    bank.transfer("ada", Decimal("100"), "12345678")
+    bank.transfer("ada", Decimal("300"), "12345678")
+    second = CoreBanking(bank_url, clock=clock)  # the transfers' own time, or they are too old to cancel
+    try:
+        outcomes = _race([bank, second], lambda backend, i: backend.cancel_transfer("ada", idempotency_key="turn-1"))
+    finally:
+        second.close()
+    assert all(isinstance(o, Receipt) for o in outcomes), outcomes
+    assert len(set(outcomes)) == 1 and bank.balance("ada").balance_cents == 240_000, "the 300.00 came back, the 100.00 did not"
 
 
 def test_a_new_customer_asking_from_many_threads_is_opened_once(bank: CoreBanking) -> None:

@@ -7,11 +7,12 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from apps.bank import DB_ENV, BankingError, CardStatus, CardType, CoreBanking, TransferStatus, database_url
 from apps.bank.tables import Card, Customer, Transfer
+from chatcache.errors import ConfigError
 
 
 def _cards(bank: CoreBanking) -> list[Card]:
@@ -121,6 +122,42 @@ def test_a_top_up_adds_money_up_to_its_limit(bank: CoreBanking) -> None:
         with pytest.raises(BankingError, match=message):
             bank.top_up("ada", Decimal(refused))
     assert bank.balance("ada").balance_cents == 1_250_000
+
+
+def test_a_retried_top_up_pays_in_once(bank: CoreBanking) -> None:
+    first = bank.top_up("ada", Decimal("50"), idempotency_key="turn-3")
+    bank.transfer("ada", Decimal("10"), "12345678")
+    again = bank.top_up("ada", Decimal("50"), idempotency_key="turn-3")
+    assert again == first and first.balance_cents == 255_000, "the first receipt, balance and all"
+    assert bank.balance("ada").balance_cents == 254_000
+    assert bank.top_up("ada", Decimal("50"), idempotency_key="turn-4").reference == "TU-000002"
+    assert bank.top_up("bob", Decimal("50"), idempotency_key="turn-3").reference == "TU-000003", "keys are per account"
+
+
+def test_a_retried_cancel_cancels_one_transfer_only(bank: CoreBanking) -> None:
+    bank.transfer("ada", Decimal("100"), "12345678")
+    bank.transfer("ada", Decimal("250"), "87654321")
+    first = bank.cancel_transfer("ada", idempotency_key="turn-9")
+    again = bank.cancel_transfer("ada", idempotency_key="turn-9")
+    assert again == first and (first.reference, first.balance_cents) == ("TR-000002", 240_000)
+    assert [t.status for t in _transfers(bank)] == [TransferStatus.DONE, TransferStatus.CANCELLED], "the older one is still done"
+    assert bank.balance("ada").balance_cents == 240_000
+    assert bank.cancel_transfer("ada", idempotency_key="turn-10").reference == "TR-000001", "a new turn cancels the next"
+
+
+def test_a_refused_cancel_leaves_its_key_free(bank: CoreBanking) -> None:
+    with pytest.raises(BankingError, match="no transfer"):
+        bank.cancel_transfer("ada", idempotency_key="turn-1")
+    bank.transfer("ada", Decimal("100"), "12345678")
+    assert bank.cancel_transfer("ada", idempotency_key="turn-1").balance_cents == 250_000, "a refusal recorded nothing"
+
+
+def test_an_older_demo_database_is_refused_with_how_to_reset_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/old.sqlite"
+    with create_engine(url).begin() as connection:  # the top-ups table before its idempotency key
+        connection.exec_driver_sql("CREATE TABLE top_ups (id INTEGER PRIMARY KEY, account_id INTEGER, amount_cents INTEGER, created_at DATETIME)")
+    with pytest.raises(ConfigError, match=r"older version \(table top_ups lacks idempotency_key, balance_after_cents\): delete it"):
+        CoreBanking(url)
 
 
 def test_an_ordered_card_becomes_active_when_activated(bank: CoreBanking) -> None:

@@ -58,13 +58,13 @@ def block_card(card_type: str, context: ActionContext) -> dict[str, str]:
 
 @action("top_up", invalidates=["fetch_balance"])
 def top_up(amount: Decimal, context: ActionContext) -> dict[str, str]:
-    receipt = _bank().top_up(context.user_id, amount)
+    receipt = _bank().top_up(context.user_id, amount, idempotency_key=context.idempotency_key)
     return {"reference": receipt.reference, "amount": format_money(receipt.amount_cents), "balance": format_money(receipt.balance_cents)}
 
 
 @action("cancel_transfer", invalidates=["fetch_balance"])
 def cancel_transfer(context: ActionContext) -> dict[str, str]:
-    receipt = _bank().cancel_transfer(context.user_id)
+    receipt = _bank().cancel_transfer(context.user_id, idempotency_key=context.idempotency_key)
     return {"reference": receipt.reference, "amount": format_money(receipt.amount_cents), "balance": format_money(receipt.balance_cents)}
 
 
