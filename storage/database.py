@@ -14,7 +14,7 @@ from sqlalchemy import URL, Delete, Update
 from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.engine import create_storage_engine, describe, is_busy, is_corrupt
+from storage.engine import IMMEDIATE, create_storage_engine, describe, is_busy, is_corrupt
 from storage.errors import CorruptDatabaseError, StorageBusyError, StorageConfigError
 from storage.migrations import migrate
 
@@ -45,7 +45,8 @@ class Database:
         # expire_on_commit=False: rows stay readable after commit, while records are built.
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         try:
-            with self.transaction() as db:  # a busy database is a StorageBusyError from here
+            # Processes opening a new database at once (replicas) migrate it one at a time.
+            with self.transaction(immediate=True) as db:  # a busy database is a StorageBusyError from here
                 self.schema_version = migrate(db.connection(), self.location)
         except OperationalError as exc:
             self.close()
@@ -55,8 +56,12 @@ class Database:
             raise
 
     @contextmanager
-    def transaction(self) -> Iterator[Session]:
+    def transaction(self, immediate: bool = False) -> Iterator[Session]:
         """Yield a session in a transaction: committed on success, rolled back on error.
+
+        `immediate`: on SQLite, take the write lock when the transaction begins. One that reads
+        before it writes (a migration) otherwise fails at once, whatever the busy timeout, when
+        another connection wrote in between: SQLite refuses to upgrade its read to a write.
 
         Raises:
             StorageBusyError: Another writer held the lock past the busy timeout.
@@ -64,6 +69,8 @@ class Database:
         """
         try:
             with self._sessions.begin() as db:
+                if immediate:
+                    db.connection(execution_options={IMMEDIATE: True})
                 yield db
         except DatabaseError as exc:  # OperationalError ("database is locked") is one too
             if is_busy(exc):

@@ -62,6 +62,9 @@ def describe(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
+IMMEDIATE = "chatcache_begin_immediate"  # the execution option that asks SQLite for BEGIN IMMEDIATE
+
+
 def create_storage_engine(url: str | URL, busy_timeout: float) -> Engine:
     """Build the engine for `url`, with SQLite tuned for concurrent use.
 
@@ -105,7 +108,8 @@ def _tune_sqlite(engine: Engine, busy_timeout: float) -> None:
 
     @event.listens_for(engine, "begin")
     def on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN")
+        # IMMEDIATE (`Database.transaction(immediate=True)`) takes the write lock at BEGIN.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(IMMEDIATE) else "BEGIN")
 
 
 def is_busy(exc: DBAPIError) -> bool:

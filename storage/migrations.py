@@ -41,6 +41,7 @@ from sqlalchemy.engine import Connection
 
 from storage.errors import SchemaVersionError
 
+MIGRATION_LOCK = 0x63686174_6D696772  # "chatmigr": the PostgreSQL advisory lock key `migrate` holds
 
 @dataclass(frozen=True)
 class Migration:
@@ -178,6 +179,11 @@ def migrate(conn: Connection, location: str) -> int:
         SchemaVersionError: The database was written by a newer schema than `MIGRATIONS`.
     """
     latest = MIGRATIONS[-1].version
+    if conn.dialect.name == "postgresql":
+        # Replicas that start together would all create the tables at once and all but one
+        # fail; this lock, held to the end of the transaction, has them migrate one by one
+        # (the later ones find the schema current). SQLite serialises writers by itself.
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
     _bookkeeping.create_all(conn)
     current: int = conn.scalar(select(func.max(schema_version_table.c.version))) or 0
     if current > latest:

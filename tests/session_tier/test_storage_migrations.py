@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
-from sqlalchemy.engine import Connection
+from sqlalchemy import inspect, select
+from sqlalchemy.engine import URL, Connection
 
 from storage import SchemaVersionError, SessionStore, migrations
 from storage.engine import DB_FILENAME, create_storage_engine, sqlite_url
@@ -110,3 +111,31 @@ def test_the_models_match_the_migrated_schema(tmp_path: Path) -> None:
             ]
     finally:
         engine.dispose()
+
+
+def test_stores_opening_a_fresh_database_at_once_migrate_it_once(store_url: str | URL) -> None:
+    """Replicas that start together: every one opens the database, and each migration is applied once."""
+    barrier = threading.Barrier(6)
+    outcomes: list[BaseException | int] = []
+
+    def open_store() -> None:
+        barrier.wait()
+        try:
+            with SessionStore(store_url) as store:
+                outcomes.append(store.schema_version)
+        except BaseException as error:  # noqa: BLE001 - the test reads every outcome
+            outcomes.append(error)
+
+    threads = [threading.Thread(target=open_store) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert outcomes == [MIGRATIONS[-1].version] * 6
+    engine = create_storage_engine(store_url, busy_timeout=30)
+    try:
+        with engine.connect() as connection:
+            applied = connection.execute(select(migrations.schema_version_table.c.version)).scalars().all()
+    finally:
+        engine.dispose()
+    assert sorted(applied) == [step.version for step in MIGRATIONS]
