@@ -59,6 +59,12 @@ class AnswerEntries:
         with self._db.transaction() as db:
             return [_record(row) for row in db.scalars(select(AnswerEntryRow).order_by(AnswerEntryRow.id))]
 
+    def added_after(self, entry_id: int) -> list[AnswerRecord]:
+        """Entries with an id above `entry_id`, oldest first: what other processes stored since."""
+        with self._db.transaction() as db:
+            query = select(AnswerEntryRow).where(AnswerEntryRow.id > entry_id).order_by(AnswerEntryRow.id)
+            return [_record(row) for row in db.scalars(query)]
+
     def record_hit(self, entry_id: int, at: datetime, expires_at: datetime) -> None:
         with self._db.transaction() as db:
             db.execute(

@@ -6,7 +6,11 @@ found (the best must clear the threshold and beat the nearest *different* answer
 margin), and the verification checks. Only then is an answer served. Entries are stored
 with their question embedding and the mean token entropy of the answer (uncertain answers
 are refused), live in the session database and are re-indexed from it at start, expire
-after a TTL, and are evicted by the LFU+ policy beyond a count or byte capacity.
+after a TTL, and are evicted by the LFU+ policy beyond a count or byte capacity. Processes
+sharing one database (replicas behind a router) see each other's answers: a lookup first
+indexes what the others stored since its last look, once that look is `sync_interval_s` old,
+so an answer stored anywhere is served everywhere within about that interval. Evictions stay
+each process's own.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from .verify import Verdict, echoes_particulars, verify
 
 Embed = Callable[[list[str]], np.ndarray]
 _ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, besides text and vector
+# A look at the table re-reads this many ids below the highest it has seen: another process
+# may commit a lower id after a higher one (ids are handed out before commit).
+SYNC_OVERLAP = 16
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class AnswerCacheStats:
     refused_by_verification: int = 0
     refused_as_ambiguous: int = 0
     stores: int = 0
+    synced: int = 0  # entries other processes stored, indexed here
     refused_high_entropy: int = 0
     evictions: int = 0
     expirations: int = 0
@@ -122,6 +130,10 @@ class AnswerCache:
         self._indexes: dict[str, VectorIndex] = {}
         self._bytes = 0
         self._next_local_id = 1
+        self._dim: int | None = None
+        self._synced_through = 0  # the highest entry id read from the table
+        self._next_sync = 0.0  # monotonic time of the next look at the table
+        self._syncing = threading.Lock()
         self.stats = AnswerCacheStats()
         if entries is not None:
             self._load(entries)
@@ -154,6 +166,7 @@ class AnswerCache:
         if not normalized:
             return None
         key = scope.key()
+        self._catch_up()
         with self._lock:
             self.stats.lookups += 1
             entry_id = self._live_exact(key, normalized)
@@ -187,6 +200,7 @@ class AnswerCache:
 
     def contains(self, question: str, scope: Scope) -> bool:
         """Whether this exact (normalised) question already has a live entry in `scope`; not a lookup."""
+        self._catch_up()
         with self._lock:
             return self._live_exact(scope.key(), normalize(question)) is not None
 
@@ -361,7 +375,7 @@ class AnswerCache:
         records = entries.all()
         if not records:
             return
-        dim = self._embed(["dimension probe"]).shape[1]
+        dim = self._dimension()
         now = self._clock()
         dropped = []
         for record in records:
@@ -370,8 +384,57 @@ class AnswerCache:
                 dropped.append(record.id)
                 continue
             self._insert(record, vector)
+        self._synced_through = records[-1].id
         entries.delete(dropped)
         self._evict_to_fit()
+
+    def sync(self) -> int:
+        """Index the live entries other processes stored since the last look; how many were new here.
+
+        An entry for a question this process already holds in the same scope is left out (two
+        replicas that answered it at once), as is a damaged one (its vector is not a unit vector
+        of the embedder's size; the next start deletes it).
+        """
+        if self._entries_db is None:
+            return 0
+        records = self._entries_db.added_after(max(0, self._synced_through - SYNC_OVERLAP))
+        if not records:
+            return 0
+        dim = self._dimension()
+        added = 0
+        with self._lock:
+            now = self._clock()
+            for record in records:
+                self._synced_through = max(self._synced_through, record.id)
+                if record.id in self._entries or record.expires_at <= now:
+                    continue
+                if self._live_exact(record.scope, record.normalized) is not None:
+                    continue
+                vector = _unit_vector(record.embedding, dim)
+                if vector is not None:
+                    self._insert(record, vector)
+                    added += 1
+            self.stats.synced += added
+            self._evict_to_fit()
+        return added
+
+    def _catch_up(self) -> None:
+        """`sync`, when the last look at the table is `sync_interval_s` old and no other thread is looking."""
+        if self._entries_db is None or not self.config.sync_interval_s:
+            return
+        now = time.monotonic()
+        if now < self._next_sync or not self._syncing.acquire(blocking=False):
+            return
+        try:
+            self._next_sync = now + self.config.sync_interval_s
+            self.sync()
+        finally:
+            self._syncing.release()
+
+    def _dimension(self) -> int:
+        if self._dim is None:
+            self._dim = int(self._embed(["dimension probe"]).shape[1])
+        return self._dim
 
     def purge_expired(self) -> int:
         with self._lock:

@@ -25,6 +25,9 @@ class AnswerCacheConfig:
     max_entries, max_bytes: capacity; beyond it the LFU+ policy evicts.
     verify: run the verification checks on every semantic match.
     audit_rate: share of hits for which the model runs anyway and the answers are compared.
+    sync_interval_s: how stale this process's view of the answer table may get: a lookup first
+        indexes the entries other processes (replicas on one database) stored, when the last
+        look is older than this. 0 never looks (one process alone).
     """
 
     similarity_threshold: float = 0.75
@@ -38,6 +41,7 @@ class AnswerCacheConfig:
     max_bytes: int = 512 << 20
     verify: bool = True
     audit_rate: float = 0.0
+    sync_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("similarity_threshold", "intent_similarity_threshold"):
@@ -52,3 +56,5 @@ class AnswerCacheConfig:
             raise ConfigError(f"ttl_s must be positive, got {self.ttl_s}")
         if not 0.0 <= self.audit_rate <= 1.0:
             raise ConfigError(f"audit_rate must be in [0, 1], got {self.audit_rate}")
+        if self.sync_interval_s < 0:
+            raise ConfigError(f"sync_interval_s must be 0 (off) or positive, got {self.sync_interval_s}")
