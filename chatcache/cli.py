@@ -75,6 +75,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--rate-limit", type=float, default=None, help="requests per second per API key")
     serve.add_argument("--busy-session", choices=("wait", "reject"), default=None, help="a session's message while its turn runs: wait (default) or 409")
     serve.add_argument("--drain-seconds", type=float, default=None, help="on SIGTERM, how long running turns may take to finish (default 30)")
+    cluster = commands.add_parser("cluster", help="replicas of `serve` on one PostgreSQL behind HAProxy, on this machine: up, status, down")
+    cluster_actions = cluster.add_subparsers(dest="action", required=True)
+    cluster_up = cluster_actions.add_parser("up", help="start PostgreSQL, N replicas and the router; print the router's URL")
+    cluster_up.add_argument("--replicas", type=int, default=2, help="how many `chatcache serve` processes (default 2)")
+    cluster_up.add_argument("--port", type=int, default=8000, help="the router's port (default 8000)")
+    cluster_up.add_argument("--db", default=None, help="a PostgreSQL URL to use instead of starting one")
+    cluster_up.add_argument("--bot", default=None, help="each replica's bot: a YAML file or a shipped bot name")
+    cluster_up.add_argument("--model", default=None, help="each replica's model: 'bundled' (default), a model id or a path")
+    cluster_status = cluster_actions.add_parser("status", help="each replica's URL and process id, the router's, the database URL")
+    cluster_status.add_argument("--json", action="store_true", help="print one JSON object")
+    cluster_actions.add_parser("down", help="stop the replicas (they drain and spill), the router and the database")
     commands.add_parser("bots", help="list the shipped bots (what --bot NAME accepts besides a YAML file)")
     commands.add_parser("test-bot", help="run a bot's conversation tests: chatcache test-bot BOT FILE... (see --help)", add_help=False)
     init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
@@ -161,6 +172,37 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    from dialog import BotDefinitionError
+
+    from . import cluster
+    from .errors import ConfigError
+
+    if args.action == "status":
+        report = cluster.status()
+        if args.json:
+            print(json.dumps(report))
+        elif not report["up"]:
+            print("no cluster is up")
+        else:
+            print(f"router {report['url']} (pid {report['router']['pid']}), database {report['database_url']}")
+            for replica in report["replicas"]:
+                print(f"{replica['name']} {replica['url']} pid {replica['pid']}: {'ready' if replica['ready'] else 'alive' if replica['alive'] else 'dead'}")
+        return 0
+    if args.action == "down":
+        print("stopped" if cluster.down() else "no cluster is up")
+        return 0
+    options = [*(["--bot", args.bot] if args.bot else []), *(["--model", args.model] if args.model else [])]
+    try:
+        _check_bot(args.bot)
+        state = cluster.up(args.replicas, args.port, args.db, options)
+    except (ConfigError, BotDefinitionError, RuntimeError) as error:
+        print(f"chatcache cluster up: {error}", file=sys.stderr)
+        return 2
+    print(state.router.url)
+    return 0
+
+
 def _offline_by_default() -> None:
     """Keep the hub offline unless the user says otherwise (HF_HUB_OFFLINE=0 downloads models).
 
@@ -237,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list_bots()
     if args.command == "init":
         return _init(args.name, args.dir)
+    if args.command == "cluster":
+        return _cluster(args)
     quiet = getattr(args, "json", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from chatcache import ChatCacheError, StorageError

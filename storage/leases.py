@@ -28,7 +28,8 @@ from storage.database import Database, rows_changed
 from storage.errors import SessionBusyError, StorageBusyError, UnknownSessionError
 from storage.models import MessageRow, SessionRow
 
-DEFAULT_LEASE_TTL = timedelta(seconds=30)
+# A replica that dies holding a session keeps it from the others this long (renewed every third).
+DEFAULT_LEASE_TTL = timedelta(seconds=10)
 DEFAULT_LEASE_WAIT_S = 120.0
 _POLL_S = (0.005, 0.2)  # first and longest pause between tries while another process holds it
 

@@ -1,0 +1,129 @@
+"""`chatcache cluster`: three replicas on PostgreSQL behind HAProxy, one of them killed mid-load.
+
+Real processes: `chatcache cluster up` starts PostgreSQL, three `chatcache serve` replicas on
+the tiny model and HAProxy, all on loopback. Twelve conversations run at once through the
+router; once each has been answered twice, the replica serving the first is killed with
+SIGKILL while turns are in flight. A client whose request fails sends the same message again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVERSATIONS = 12
+TURNS = 4
+
+def _chatcache(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chatcache", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie (its parent, `cluster up`, exited long ago)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_killed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    assert shutil.which("haproxy"), "HAProxy is not installed: `.ci/run` installs it (apt-get install haproxy)"
+    env = {**os.environ, "CHATCACHE_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    started = _chatcache(env, "cluster", "up", "--replicas", "3", "--port", str(_free_port()), "--model", str(tiny_model_dir), timeout=600)
+    assert started.returncode == 0, started.stderr[-3000:]
+    url = started.stdout.strip().splitlines()[-1]
+    status = json.loads(_chatcache(env, "cluster", "status", "--json").stdout)
+    try:
+        assert status["url"] == url and status["database_url"].startswith("postgresql")
+        assert [r["ready"] for r in status["replicas"]] == [True] * 3 and status["router"]["alive"]
+        assert _chatcache(env, "cluster", "up", "--replicas", "1").returncode == 2, "a second cluster is refused"
+        served_by: dict[int, list[tuple[float, str]]] = {i: [] for i in range(CONVERSATIONS)}
+        acknowledged: dict[int, list[str]] = {i: [] for i in range(CONVERSATIONS)}
+        failed: dict[int, list[str]] = {i: [] for i in range(CONVERSATIONS)}
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        twice = threading.Barrier(CONVERSATIONS + 1)
+        errors: list[BaseException] = []
+
+        def converse(index: int) -> None:
+            try:
+                with httpx.Client(base_url=url, timeout=120) as http:
+                    for turn in range(TURNS):
+                        if turn == 2:
+                            twice.wait()
+                        text = f"conversation {index} turn {turn}"
+                        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+                        for _ in range(60):
+                            try:
+                                answered = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": f"s{index}"})
+                            except httpx.TransportError:
+                                answered = None
+                            if answered is not None and answered.status_code == 200:
+                                break
+                            failed[index].append(text)
+                            time.sleep(0.5)
+                        else:
+                            raise AssertionError(f"conversation {index} turn {turn} was never answered: {answered and answered.text}")
+                        acknowledged[index].append(text)
+                        served_by[index].append((time.monotonic(), answered.headers["x-chatcache-replica"]))
+            except BaseException as error:  # noqa: BLE001 - reported by the test thread
+                errors.append(error)
+                twice.abort()
+
+        threads = [threading.Thread(target=converse, args=(i,)) for i in range(CONVERSATIONS)]
+        for thread in threads:
+            thread.start()
+        try:
+            twice.wait(timeout=300)
+        except threading.BrokenBarrierError:
+            for thread in threads:
+                thread.join(timeout=60)
+            raise AssertionError(f"a conversation failed before the kill: {errors}") from None
+        victim_name = served_by[0][-1][1]
+        victim = next(r for r in status["replicas"] if r["name"] == victim_name)
+        os.kill(victim["pid"], signal.SIGKILL)  # the third turns are on their way
+        killed_at = time.monotonic()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert not errors, errors
+
+        # Affinity: before the kill every conversation stayed on one replica, and the load was spread.
+        assert all(len({name for _, name in replicas[:2]}) == 1 for replicas in served_by.values()), served_by
+        assert len({replicas[0][1] for replicas in served_by.values()}) > 1
+        after = [name for replicas in served_by.values() for at, name in replicas if at > killed_at]
+        assert after and victim_name not in after, "nothing was served by the dead replica after it died"
+        # The record: every acknowledged turn once, answered, in order; other user messages only from failed attempts.
+        with httpx.Client(base_url=url, timeout=60) as http:
+            for index in range(CONVERSATIONS):
+                messages: list[dict[str, Any]] = http.get(f"/v1/sessions/s{index}").json()["messages"]
+                answered_texts = [
+                    m["content"] for m, after in zip(messages, [*messages[1:], None]) if m["role"] == "user" and after and after["role"] == "assistant"
+                ]
+                assert answered_texts == acknowledged[index], (index, messages)
+                unanswered = [m["content"] for m in messages if m["role"] == "user"]
+                for text in answered_texts:
+                    unanswered.remove(text)
+                assert set(unanswered) <= set(failed[index]), (index, unanswered)
+    finally:
+        stopped = _chatcache(env, "cluster", "down", timeout=180)
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stderr
+    pids = [status["router"]["pid"], *(r["pid"] for r in status["replicas"])]
+    assert not any(_alive(pid) for pid in pids)
+    assert json.loads(_chatcache(env, "cluster", "status", "--json").stdout) == {"up": False}
