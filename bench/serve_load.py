@@ -21,9 +21,10 @@ Every phase gets a fresh server or engine: a fresh data directory (`CHATCACHE_DA
 spilled KV does not carry over) holding its own SQLite database. The server keeps its defaults
 (answer cache and drift detection on), and the in-process engine is built with both on too,
 so all phases do the same work per turn. The model is loaded once and shared (its scheduler's
-measured rates carry over, as they would in a running server). The clients run in the
-benchmark's process, beside the server: they share its two cores and its GIL, as a load
-generator on the same machine would share the cores. Before the phases, an untimed in-process
+measured rates carry over, as they would in a running server). The HTTP clients run in a
+child process (spawned, one thread per client), so they share the machine's two cores with
+the server, as a load generator on the same machine would, but not its GIL: the server's
+event loop answers a 429 without waiting behind 32 client threads. Before the phases, an untimed in-process
 warm-up runs one short turn of as many other conversations at once. After them, the turns two
 phases share are compared: greedy decoding on the same history gives the same reply and drift
 verdict, so a difference (listed with how often the turn was refused) is a finding.
@@ -40,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -285,8 +288,13 @@ def over_http(
 ) -> PhaseResult:
     with fresh_data_dir() as data_dir:
         settings = ServeSettings.load(system_prompt=system_prompt, ttft_slo=slo, db=f"sqlite:///{data_dir}/sessions.db")
-        with live_server(settings, chat_model) as url:
-            return drive(conversations, http_sender(url, max_new_tokens))
+        with live_server(settings, chat_model) as url, ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
+            return clients.submit(drive_over_http, url, conversations, max_new_tokens).result()
+
+
+def drive_over_http(url: str, conversations: list[list[str]], max_new_tokens: int) -> PhaseResult:
+    """The HTTP clients, run in a child process: their threads hold its GIL, not the server's."""
+    return drive(conversations, http_sender(url, max_new_tokens))
 
 
 # -- figures -------------------------------------------------------------------------------

@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import DynamicCache
-
 from storage import SessionStore
 
 from ..config import GenerationConfig, TokenTierConfig, default_data_dir
@@ -20,6 +18,7 @@ from ..engine import ChatEngine
 from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message
 from ..steering.hcac import Embed, sentence_embed
+from ..tiers.token_tier import Checkout
 from .admission import AdmissionControl, Overloaded
 from .errors import ApiError, api_error
 from .keys import ApiKeys, TokenBucket
@@ -120,20 +119,30 @@ def served_model_id(name: str) -> str:
 def warm_up(server: Server) -> None:
     """One short off-the-record answer through the engine, then decode steps of each of
     `WARM_UP_BATCHES` rows on the scheduler, so it has measured its prefill rate and the step
-    costs of those batch sizes before the first client is admitted. Nothing is left behind:
-    the engine's answer is sampled (the answer cache keeps no sampled reply) and its KV
-    dropped, and the batches' caches are the warm-up's own."""
+    costs of those batch sizes before the first client is admitted. Each row starts from a
+    copy of the system prompt's KV, as a new session's first turn does: a step's cost grows
+    with the context it attends over, and rates measured on a few tokens of context made the
+    first turns of a burst wait twice their prediction. Nothing is left behind: the engine's
+    answer is sampled (the answer cache keeps no sampled reply), every KV is dropped, and a
+    batch grows only while the token tier's budget has room for another row."""
     engine = server.tenants(sorted(server.keys.tenants)[0])
     reply = engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0)
     for _ in reply:
         pass
     engine.token_tier.drop("warm-up")
-    scheduler, config = server.chat_model.scheduler, server.chat_model.model.config
-    prompt = engine.renderer.encode_text("Hello, how can I help you today?")
+    scheduler, token_tier = server.chat_model.scheduler, engine.token_tier
+    prefix = engine.runner.system_ids
+    prompt = prefix + engine.renderer.encode_text("Hello, how can I help you today?")
     for rows in WARM_UP_BATCHES:
         # No end-of-reply ids: every row decodes until all have joined, so the batch reaches `rows`.
         params = GenerationConfig(max_new_tokens=rows + 1)
-        requests = [scheduler.submit(DynamicCache(config=config), prompt, params, set()) for _ in range(rows)]
+        reserve = len(prompt) + params.max_new_tokens
+        checkouts: list[Checkout] = []
+        while len(checkouts) < rows and (not checkouts or token_tier.fits(reserve)):
+            checkouts.append(token_tier.checkout(f"warm-up-{len(checkouts)}", prompt, prefix, reserve))
+        requests = [scheduler.submit(checkout.cache, prompt[checkout.reused :], params, set()) for checkout in checkouts]
         for request in requests:
             for _ in request:
                 pass
+        for index in range(len(checkouts)):
+            token_tier.release(f"warm-up-{index}")  # never checked in: nothing is kept

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from prometheus_client.parser import text_string_to_metric_families
+
+from chatcache.serving.server import WARM_UP_BATCHES, warm_up
+from chatcache.tiers.kv import cached_length
 
 
 def samples(text: str) -> dict[str, float]:
@@ -63,11 +68,27 @@ def test_health_and_ready(serve) -> None:  # type: ignore[no-untyped-def]
         assert re.search(r"chatcache:num_requests_running \d", http.get("/metrics").text)
 
 
-def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve) -> None:  # type: ignore[no-untyped-def]
+def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     live = serve(answer_cache=True, drift=True)
     server = live.app.state.server
-    rates = server.chat_model.scheduler.rates
+    scheduler = server.chat_model.scheduler
+    rates = scheduler.rates
     assert rates.prefill_s_per_token is not None and {1, 16} <= rates.decode_step_s.keys()  # small and large batches
     engine = server.tenants("default")
     assert engine.answer_cache.stats.stores == 0 and engine.store.list_sessions() == []
-    assert server.tenants.token_tier.stats().sessions_in_memory == 0
+    tier = server.tenants.token_tier
+    prefix_bytes = len(engine.runner.system_ids) * tier.bytes_per_token
+    assert tier.stats().sessions_in_memory == 0 and tier.stats().resident_bytes == prefix_bytes, "only the shared prefix is kept"
+
+    # Run again, watching what it hands the scheduler: every row starts from the system prompt's KV.
+    started_from: list[int] = []
+    submit = scheduler.submit
+
+    def watched(cache, pending, *args):  # type: ignore[no-untyped-def]
+        started_from.append(cached_length(cache))
+        return submit(cache, pending, *args)
+
+    monkeypatch.setattr(scheduler, "submit", watched)
+    warm_up(server)
+    assert started_from == [len(engine.runner.system_ids)] * (1 + sum(WARM_UP_BATCHES))
+    assert tier.stats().resident_bytes == prefix_bytes and tier.room_for_another()
