@@ -80,6 +80,29 @@ def test_answers_never_cross_tenants_over_http(serve, keys_file, bundled_model) 
         assert b.post("/v1/chat/completions", json=body).json()["chatcache"]["answer_cache_hit"] is True  # its own entry
 
 
+@pytest.mark.bundled
+def test_one_users_answer_never_reaches_another_after_the_same_small_talk(serve, bundled_model) -> None:  # type: ignore[no-untyped-def]
+    """Ada and Bob, in one tenant, each give their name, then say the same thing, then ask the
+    same question. Bob's reply must be exactly the one a server without an answer cache gives
+    him: the answer cache may serve him only what does not depend on Ada's conversation."""
+    settings = {"chat_model": bundled_model, "drift": True, "system_prompt": "You are a concise assistant. Answer in one short sentence."}
+    script = ["Nice to meet you. The weather is lovely today.", "What is my name?"]
+
+    def converse(live, session: str, name: str) -> list[dict]:  # type: ignore[no-untyped-def,type-arg]
+        with live.client() as http:
+            http.post("/v1/sessions", json={"id": session}).raise_for_status()
+            turns = [f"Hello, my name is {name}.", *script]
+            return [http.post(f"/v1/sessions/{session}/messages", json={"content": text, "max_tokens": 32}).json() for text in turns]
+
+    cached = serve(answer_cache=True, **settings)
+    ada = converse(cached, "ada", "Ada")
+    bob = converse(cached, "bob", "Bob")
+    uncached = converse(serve(answer_cache=False, **settings), "bob", "Bob")
+    replies = [[turn["choices"][0]["message"]["content"] for turn in turns] for turns in (ada, bob, uncached)]
+    assert replies[0][-1] != replies[2][-1], "the last answer depends on who asks (else this test could not fail)"
+    assert replies[1] == replies[2], "Bob got what he would have got with no answer cache"
+
+
 def test_a_handed_off_session_is_listed_as_such(serve) -> None:  # type: ignore[no-untyped-def]
     live = serve(bot="customer_service", answer_cache=False, drift=False)
     with live.client() as http:
