@@ -7,7 +7,9 @@ KV is copied into a row once when it starts decoding and copied out once when it
 are right-padded: a row's next token is written at its own length, and an attention mask
 hides the unwritten columns, so rows never move while others join or leave (the last row
 fills a gap a leaving row leaves, one row's copy). Buffers grow by whole blocks of positions,
-so a step writes one column instead of concatenating the whole cache as `DynamicLayer` does.
+so a step writes one column instead of concatenating the whole cache as `DynamicLayer` does;
+rows double when one is missing. The buffers are freed when the last row leaves, so their
+size follows the busiest moment since the batch was last empty, not the busiest ever.
 
 Only models whose cache layers are all plain `DynamicLayer`s are batched (`kv.is_croppable`):
 sliding-window and linear-attention layers keep state a row copy cannot carry.
@@ -106,6 +108,9 @@ class BatchKV(Cache):
             self.lengths[row] = moved_length
             moved = last
         self.lengths.pop()
+        if not self.lengths:  # the buffers are sized for the largest batch yet: an idle batch holds nothing
+            for layer in self._row_layers:
+                layer.keys, layer.values = torch.empty(0), torch.empty(0)
         return from_tensors(config, tensors), moved
 
     def begin_step(self) -> torch.Tensor:
@@ -133,7 +138,9 @@ class BatchKV(Cache):
         have_rows, have_positions = (first.shape[0], first.shape[2]) if first.dim() == 4 else (0, 0)
         if rows <= have_rows and positions <= have_positions:
             return
-        new_rows = max(rows, have_rows * 2 if have_rows else 1)
+        # Rows double only when a row is missing: doubling them when only positions ran out
+        # grew a server's buffers past 12 GB (rows x positions, never given back).
+        new_rows = have_rows if rows <= have_rows else max(rows, 2 * have_rows)
         new_positions = max(have_positions, -(-positions // BLOCK) * BLOCK)
         for layer, source in zip(self._row_layers, like.layers):
             keys, _ = keys_values(source)
