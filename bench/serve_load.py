@@ -81,6 +81,9 @@ class Served:
     server_ttft_s: float | None
     predicted_ttft_s: float | None
     text: str
+    reused_tokens: int = 0  # prompt tokens the token tier served
+    prefilled_tokens: int = 0
+    replica: str | None = None  # behind `chatcache cluster`'s router, the replica that answered
 
 
 @dataclass
@@ -176,7 +179,10 @@ def engine_sender(engine: ChatEngine, max_new_tokens: int) -> OpenSender:
             reply = stream.reply
             assert reply is not None
             stats = reply.stats
-            return Served(first or end, end, stats.generated_tokens, stats.tier, stats.answer_cache_hit, stats.drift, stats.ttft_s, None, reply.text)
+            return Served(
+                first or end, end, stats.generated_tokens, stats.tier, stats.answer_cache_hit, stats.drift, stats.ttft_s, None,
+                reply.text, stats.reused_tokens, stats.prefilled_tokens,
+            )  # fmt: skip
 
         yield send
 
@@ -239,7 +245,8 @@ def post_streaming(client: httpx.Client, path: str, headers: dict[str, str], bod
         raise ServeError("the stream ended without its final chunk")
     return Served(
         first or end, end, final["generated_tokens"], final["tier"], final["answer_cache_hit"], bool(final["drift"]),
-        final["ttft_s"], final["predicted_ttft_s"], "".join(pieces),
+        final["ttft_s"], final["predicted_ttft_s"], "".join(pieces), final["reused_tokens"], final["prefilled_tokens"],
+        response.headers.get("x-chatcache-replica"),
     )  # fmt: skip
 
 

@@ -10,8 +10,9 @@ file is checked against the ids, weights and template it was written for).
 
 HAProxy rather than nginx: open-source nginx notices a dead upstream only when a request to it
 fails, while HAProxy checks `GET /ready` on every replica each second and takes one out after
-two failures, so a replica's sessions move to the others within about two seconds; a request
-whose connection to a dead replica fails is sent to another (`redispatch`). It also names the
+three failures, so a dead replica's sessions move to the others within about three seconds
+(its port refuses at once), while one that is only busy has 5 s to answer; a request whose
+connection to a dead replica fails is sent to another (`redispatch`). It also names the
 replica that served each response (`X-Chatcache-Replica`).
 
 `up` starts everything as background processes, writes what it started to
@@ -34,17 +35,19 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from storage import default_data_dir
+from storage.engine import DATA_DIR_ENV
 
 from .errors import ConfigError
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 600.0  # replicas load the model and the embedder at once, on shared cores
 STOP_TIMEOUT_S = 60.0
+Balance = Literal["session", "random"]
 
 
 @dataclass
@@ -85,8 +88,19 @@ def read_state() -> ClusterState | None:
     )
 
 
-def up(replicas: int, port: int, db: str | None = None, serve_options: list[str] | None = None) -> ClusterState:
+def up(
+    replicas: int,
+    port: int,
+    db: str | None = None,
+    serve_options: list[str] | None = None,
+    balance: Balance = "session",
+    own_data_dirs: bool = False,
+) -> ClusterState:
     """Start the database (unless `db` names one), `replicas` replicas and the router on `port`.
+
+    `balance` and `own_data_dirs` are for measuring what affinity and a shared spill store
+    are worth (`bench/replicas.py`): "random" sends each request to any replica, and with
+    `own_data_dirs` each replica keeps its spilled KV in `<data dir>/replica-N`.
 
     Raises:
         ConfigError: a cluster is already up, `replicas` is below 1, a port is taken, or
@@ -114,13 +128,18 @@ def up(replicas: int, port: int, db: str | None = None, serve_options: list[str]
         for index, replica_port in enumerate(ports[1:]):
             log = directory / f"replica-{index}.log"
             command = [sys.executable, "-m", "chatcache", "serve", "--host", HOST, "--port", str(replica_port), "--db", db, *(serve_options or [])]
-            started.append(_spawn(f"replica-{index}", command, f"http://{HOST}:{replica_port}", log))
+            env = {**os.environ, DATA_DIR_ENV: str(directory.parent / f"replica-{index}")} if own_data_dirs else None
+            started.append(_spawn(f"replica-{index}", command, f"http://{HOST}:{replica_port}", log, env))
+        _wait_ready(started)
+        # The router starts once every replica is ready, so its first health checks find them
+        # all up: a replica that joined later would take over part of the hash ring, and
+        # the sessions already answered elsewhere would move.
         config = directory / "haproxy.cfg"
-        config.write_text(haproxy_config(port, [(p.name, p.url) for p in started]))
+        config.write_text(haproxy_config(port, [(p.name, p.url) for p in started], balance))
         router = _spawn("router", [haproxy, "-f", str(config), "-db"], f"http://{HOST}:{port}", directory / "router.log")
         state = ClusterState(router, started, db, database_dir, database_user)
         state_path().write_text(json.dumps(asdict(state), indent=2))
-        _wait_ready(state)
+        _wait_ready([router])
         return state
     except BaseException:
         if state is None:
@@ -170,9 +189,13 @@ def stop(state: ClusterState) -> None:
     state_path().unlink(missing_ok=True)
 
 
-def haproxy_config(port: int, replicas: list[tuple[str, str]]) -> str:
-    """The router: a consistent hash of the session id over the replicas that pass `/ready`."""
+def haproxy_config(port: int, replicas: list[tuple[str, str]], balance: Balance = "session") -> str:
+    """The router: a consistent hash of the session id (or a random pick) over the replicas that pass `/ready`.
+
+    `avalanche` mixes the hash, so ids that differ in one character ("s1", "s2") spread over
+    the replicas instead of clustering on one."""
     servers = "\n".join(f"    server {name} {url.removeprefix('http://')}" for name, url in replicas)
+    policy = "balance hash var(txn.session)\n    hash-type consistent sdbm avalanche" if balance == "session" else "balance random"
     return f"""global
     maxconn 4096
 
@@ -191,10 +214,10 @@ frontend chatcache
     default_backend replicas
 
 backend replicas
-    balance hash var(txn.session)
-    hash-type consistent
+    {policy}
     option httpchk GET /ready
-    default-server check inter 1s fall 2 rise 2
+    timeout check 5s
+    default-server check inter 1s fall 3 rise 2
     http-response set-header X-Chatcache-Replica %s
 {servers}
 """
@@ -203,28 +226,27 @@ backend replicas
 # -- processes ---------------------------------------------------------------------------
 
 
-def _spawn(name: str, command: list[str], url: str, log: Path) -> Process:
+def _spawn(name: str, command: list[str], url: str, log: Path, env: dict[str, str] | None = None) -> Process:
     """Start `command` in its own session (it outlives `chatcache cluster up`), output to `log`."""
     with open(log, "ab") as out:
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+        )
     return Process(name, child.pid, url, str(log))
 
 
-def _wait_ready(state: ClusterState) -> None:
+def _wait_ready(processes: list[Process]) -> None:
+    """Until each answers `GET /ready` (the router does once its health checks pass)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    waiting = list(state.replicas)
+    waiting = list(processes)
     while waiting:
-        for process in [*waiting, state.router]:
+        for process in waiting:
             if not _alive(process.pid):
                 raise RuntimeError(f"{process.name} exited while starting; its log: {process.log}")
         waiting = [process for process in waiting if not _ready(process.url)]
-        if time.monotonic() > deadline:
+        if waiting and time.monotonic() > deadline:
             raise RuntimeError(f"{', '.join(p.name for p in waiting)} not ready after {READY_TIMEOUT_S:g} s; see {waiting[0].log}")
-        time.sleep(0.5)
-    while not _ready(state.router.url):  # the router's first health checks pass a second later
-        if time.monotonic() > deadline or not _alive(state.router.pid):
-            raise RuntimeError(f"the router does not answer; its log: {state.router.log}")
-        time.sleep(0.5)
+        time.sleep(0.2 if waiting else 0)
 
 
 def _ready(url: str) -> bool:

@@ -100,8 +100,10 @@ def _package_dir(package: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _bundled_chat_dir() -> Path:
-    """Return a directory of safetensors weights for the bundled model, converting once."""
+def bundled_chat_dir() -> Path:
+    """Return a directory of safetensors weights for the bundled model, converting once (under
+    this process's data directory; processes with data directories of their own can all load
+    this one path)."""
     package_dir = _package_dir(BUNDLED_CHAT_PACKAGE)
     gguf = package_dir / BUNDLED_GGUF if package_dir else None
     if gguf is None or not gguf.is_file():
@@ -177,7 +179,7 @@ def load_chat_model(name: str = "bundled", device: str | None = None, dtype: tor
 def _load_chat_model(name: str, device: str, dtype: torch.dtype) -> ChatModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = str(_bundled_chat_dir()) if name == "bundled" else name
+    source = str(bundled_chat_dir()) if name == "bundled" else name
     log.info("Loading chat model %s", name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
