@@ -29,7 +29,7 @@ session's KV; its TTFT p50 at least 3x lower than (3)'s.
     python -m bench.replicas [--data ../shared/data] [--quick] [--conversations 12] [--at-once 6] [--turns 8]
         [--max-new-tokens 64] [--replicas 3]
 
-About 15 minutes on the 2-core machine (`--quick`: 6 conversations of 3 turns, 5 min).
+About 10 minutes on the 2-core machine (`--quick`: 6 conversations of 3 turns, 5 min).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 
 def main() -> None:
     args = parse_options()
-    run = BenchRun("replicas", args, minutes=(15, 5))
+    run = BenchRun("replicas", args, minutes=(10, 5))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     weights = bundled_chat_dir()  # converted from the GGUF once, here, before any replica starts
     tokenizer = AutoTokenizer.from_pretrained(weights)
