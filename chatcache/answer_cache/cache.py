@@ -9,8 +9,9 @@ are refused), live in the session database and are re-indexed from it at start, 
 after a TTL, and are evicted by the LFU+ policy beyond a count or byte capacity. Processes
 sharing one database (replicas behind a router) see each other's answers: a lookup first
 indexes what the others stored since its last look, once that look is `sync_interval_s` old,
-so an answer stored anywhere is served everywhere within about that interval. Evictions stay
-each process's own.
+so an answer stored anywhere is served everywhere within about that interval. An entry one
+process evicts leaves the table, and stays in the others' memory until they evict it too or
+restart.
 """
 
 from __future__ import annotations
