@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -45,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from transformers import AutoTokenizer
 
 from chatcache import cluster
@@ -61,12 +59,6 @@ PHASES: tuple[tuple[str, str, cluster.Balance, bool], ...] = (
     ("no_affinity_shared", "no affinity (random), one shared data directory", "random", False),
     ("no_affinity_own", "no affinity (random), each replica its own data directory", "random", True),
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def parse_options() -> argparse.Namespace:
@@ -194,7 +186,7 @@ def main() -> None:
             previous = {name: os.environ.get(name) for name in environment}
             os.environ.update(environment)
             try:
-                state = cluster.up(args.replicas, free_port(), serve_options=options, balance=balance, own_data_dirs=own_data_dirs)
+                state = cluster.up(args.replicas, cluster.free_port(), serve_options=options, balance=balance, own_data_dirs=own_data_dirs)
                 try:
                     result = run_phase(state.router.url, conversations, args.at_once, args.max_new_tokens)
                 finally:

@@ -114,20 +114,20 @@ def up(
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         raise ConfigError("HAProxy is not installed: `apt-get install haproxy` (Debian), then try again.")
-    ports = [port, *(_free_port() for _ in range(replicas))]
+    ports = [port, *(free_port() for _ in range(replicas))]
     if not _port_free(port):
         raise ConfigError(f"Port {port} is taken: pass another with --port.")
     directory = state_path().parent
     directory.mkdir(parents=True, exist_ok=True)
     database_dir = database_user = None
     if db is None:
-        database_dir, database_user, db = _start_postgres(_free_port())
+        database_dir, database_user, db = _start_postgres(free_port())
     started: list[Process] = []
     state = None
     try:
         for index, replica_port in enumerate(ports[1:]):
             log = directory / f"replica-{index}.log"
-            command = [sys.executable, "-m", "chatcache", "serve", "--host", HOST, "--port", str(replica_port), "--db", db, *(serve_options or [])]
+            command = [sys.executable, "-m", "chatcache.cli", "serve", "--host", HOST, "--port", str(replica_port), "--db", db, *(serve_options or [])]
             env = {**os.environ, DATA_DIR_ENV: str(directory.parent / f"replica-{index}")} if own_data_dirs else None
             started.append(_spawn(f"replica-{index}", command, f"http://{HOST}:{replica_port}", log, env))
         _wait_ready(started)
@@ -286,7 +286,8 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])

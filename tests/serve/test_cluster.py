@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,18 +21,14 @@ from typing import Any
 
 import httpx
 
+from chatcache.cluster import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATIONS = 12
 TURNS = 4
 
 def _chatcache(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chatcache", *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return subprocess.run([sys.executable, "-m", "chatcache.cli", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +42,7 @@ def _alive(pid: int) -> bool:
 def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_killed(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert shutil.which("haproxy"), "HAProxy is not installed: `.ci/run` installs it (apt-get install haproxy)"
     env = {**os.environ, "CHATCACHE_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    started = _chatcache(env, "cluster", "up", "--replicas", "3", "--port", str(_free_port()), "--model", str(tiny_model_dir), timeout=600)
+    started = _chatcache(env, "cluster", "up", "--replicas", "3", "--port", str(free_port()), "--model", str(tiny_model_dir), timeout=600)
     assert started.returncode == 0, started.stderr[-3000:]
     url = started.stdout.strip().splitlines()[-1]
     status = json.loads(_chatcache(env, "cluster", "status", "--json").stdout)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,13 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from chatcache.cluster import free_port
+
 STOPPED = -signal.SIGTERM  # uvicorn re-raises the signal once it has shut down gracefully, as process managers expect
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start(model_dir: Path, db: str, data_dir: Path, port: int) -> subprocess.Popen[bytes]:
