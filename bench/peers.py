@@ -19,7 +19,6 @@ is only visible inside the peer), so pipe and JSON overhead stay out of the figu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import queue
@@ -31,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from chatcache.model.loading import BUNDLED_CHAT_PACKAGE, BUNDLED_GGUF
+from chatcache.model.loading import bundled_gguf
 
 BENCH_DIR = Path(__file__).resolve().parent
 VENVS = BENCH_DIR.parent / ".venv-peers"
@@ -70,11 +69,7 @@ def peer_models(tokenizer: Any) -> dict[str, str]:
     vLLM reads the safetensors chatcache converted the GGUF to (the directory the bundled
     tokenizer was loaded from); llama.cpp reads the GGUF itself, Q4_1 as shipped.
     """
-    spec = importlib.util.find_spec(BUNDLED_CHAT_PACKAGE)
-    package_dir = Path(next(iter(spec.submodule_search_locations or []))) if spec else None
-    if package_dir is None:
-        raise PeerError(f"{BUNDLED_CHAT_PACKAGE} is not installed: the bundled GGUF is in it")
-    return {"vllm": str(tokenizer.name_or_path), "llamacpp": str(package_dir / BUNDLED_GGUF)}
+    return {"vllm": str(tokenizer.name_or_path), "llamacpp": str(bundled_gguf())}
 
 
 class PeerProcess:

@@ -26,12 +26,14 @@ if TYPE_CHECKING:
         InvalidIdError,
         InvalidMessageError,
         ModelNotFoundError,
+        RemoteModelError,
         SessionClosedError,
         StorageError,
         UnknownSessionError,
     )
     from .model.loading import ChatModel, load_chat_model, load_embedder
     from .model.prompt import Message
+    from .model.remote import RemoteModel, connect_remote_model
     from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
     from .tiers.residency import MemoryConfig
     from .tiers.token_tier import TokenTier, TokenTierStats
@@ -55,6 +57,8 @@ _EXPORTS = {
     "MemoryConfig": ".tiers.residency",
     "Message": ".model.prompt",
     "ModelNotFoundError": ".errors",
+    "RemoteModel": ".model.remote",
+    "RemoteModelError": ".errors",
     "Reply": ".reply",
     "ReplyStream": ".reply",
     "SessionClosedError": ".errors",
@@ -67,6 +71,7 @@ _EXPORTS = {
     "TurnTierConfig": ".tiers.turn_tier",
     "TurnStats": ".reply",
     "UnknownSessionError": ".errors",
+    "connect_remote_model": ".model.remote",
     "default_data_dir": ".config",
     "load_chat_model": ".model.loading",
     "load_embedder": ".model.loading",
@@ -88,6 +93,8 @@ __all__ = [
     "MemoryConfig",
     "Message",
     "ModelNotFoundError",
+    "RemoteModel",
+    "RemoteModelError",
     "Reply",
     "ReplyStream",
     "SessionClosedError",
@@ -100,6 +107,7 @@ __all__ = [
     "TurnTierConfig",
     "TurnStats",
     "UnknownSessionError",
+    "connect_remote_model",
     "default_data_dir",
     "load_chat_model",
     "load_embedder",

@@ -13,13 +13,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used, so `chatcache --help` starts without torch
-    from chatcache import ChatEngine
+    from chatcache import ChatEngine, ChatModel
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="bundled", help="'bundled', a Hugging Face model id or a local path")
+    parser.add_argument(
+        "--model",
+        default="bundled",
+        help="'bundled', a Hugging Face model id, a local path, or an OpenAI-compatible server's address "
+        "(http://127.0.0.1:8080/v1, or ...#NAME when it serves several models)",
+    )
+    parser.add_argument("--tokenizer", default=None, help="a server's model: its tokenizer here ('bundled', an id or a path)")
+    parser.add_argument("--context-window", type=int, default=None, help="a server's model: its context size in tokens")
     parser.add_argument("--system", default=None, help="system prompt (default: the bot's, or a generic one)")
     parser.add_argument("--db", default=None, help="SQLAlchemy URL of the session database (default: SQLite in the data dir)")
     parser.add_argument("--bot", default=None, help="bot definition: a YAML file or a shipped bot name")
@@ -99,8 +106,13 @@ def _parser() -> argparse.ArgumentParser:
 def _engine_factory(args: argparse.Namespace, user_id: str = "local") -> Callable[[str | None], ChatEngine]:
     """Engines for one model: the chat app builds a new one when the user switches bots."""
     from chatcache import ChatEngine, load_chat_model
+    from chatcache.model.remote import RemoteModel, connect_remote_model, is_remote
 
-    model = load_chat_model(args.model)
+    model: ChatModel | RemoteModel
+    if is_remote(args.model):
+        model = connect_remote_model(args.model, tokenizer=args.tokenizer, context_window=args.context_window)
+    else:
+        model = load_chat_model(args.model)
 
     def build(bot: str | None) -> ChatEngine:
         system = args.system or (None if bot else DEFAULT_SYSTEM_PROMPT)

@@ -39,13 +39,14 @@ from .answer_cache.answering import AnswerScope, CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .tiers.conversations import Conversation, Conversations, check_storable
 from .steering.drift import DriftConfig
-from .errors import ContextWindowError, InvalidMessageError
+from .errors import ConfigError, ContextWindowError, InvalidMessageError
 from .model.generation import prefill
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
 from .model.loading import ChatModel, load_chat_model, load_embedder
-from .model.prompt import Message, PromptRenderer, RenderedSegments, ReplyIds
+from .model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
+from .model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
 from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
 from .tiers.residency import KeyLocks, MemoryConfig, ResidentSessions
 from .tiers.token_tier import TokenTier, TokenTierStats
@@ -124,7 +125,10 @@ class ChatEngine:
     """A chatbot on a local Hugging Face model with a hierarchical cache.
 
     Args:
-        model: "bundled" (SmolLM2-135M-Instruct, offline), a model id, a local path, or a loaded `ChatModel`.
+        model: "bundled" (SmolLM2-135M-Instruct, offline), a model id, a local path, a loaded
+            `ChatModel`; or a model served elsewhere: the address of an OpenAI-compatible API
+            (`http://127.0.0.1:8080/v1`, the server's only model) or a `RemoteModel`
+            (`connect_remote_model`), on which the server's prefix cache plays the token tier.
         system_prompt: the bot's instructions; their KV is computed once and shared by every session.
             Defaults to the bot's system prompt and knowledge base when a bot is given.
         answer_cache: serve a question asked again in the same context from the answer cache,
@@ -132,7 +136,7 @@ class ChatEngine:
         drift: detect topic changes and drop stale context; True for the defaults or a `DriftConfig`.
         token_tier: KV reuse settings (by default 1 GiB in memory, cold sessions spilled under the
             data dir), or a `TokenTier` engines on the same model share (one memory budget; a
-            server's per-tenant engines).
+            server's per-tenant engines). A remote model has none.
         context_window: prompt plus reply limit in tokens; defaults to the model's.
         device: where the model runs; defaults to CUDA when available.
         store: the session tier: a `SessionStore`, a SQLAlchemy URL, or None for the SQLite
@@ -146,13 +150,13 @@ class ChatEngine:
         turn_tier: TTL and bounds of the in-process turn tier.
         tenant: answers are never shared across tenants.
         prefetch: with the answer cache, answer the likely next question in the background
-            while idle (ACPC), learned from the conversations in the session tier.
+            while idle (ACPC), learned from the conversations in the session tier (local models only).
         memory: how many sessions, idle for how long, keep their state in memory.
     """
 
     def __init__(
         self,
-        model: str | ChatModel = "bundled",
+        model: str | ChatModel | RemoteModel = "bundled",
         system_prompt: str | None = None,
         answer_cache: bool | AnswerCacheConfig = False,
         drift: bool | DriftConfig = False,
@@ -169,24 +173,37 @@ class ChatEngine:
         prefetch: bool = False,
         memory: MemoryConfig | None = None,
     ) -> None:
-        self.chat_model = model if isinstance(model, ChatModel) else load_chat_model(model, device=device)
+        if isinstance(model, str):
+            if is_remote(model):
+                model = connect_remote_model(model, context_window=context_window)
+            else:
+                model = load_chat_model(model, device=device)
+        if isinstance(model, RemoteModel) and (token_tier is not None or prefetch):
+            raise ConfigError("A remote model keeps its KV on its server: token_tier and prefetch need a local model.")
+        self.chat_model = model
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
         self.actions = Actions.load(self.bot) if self.bot is not None else None
         self.system_prompt = system_prompt or (self.bot.instructions if self.bot else None)
         self.tenant = tenant
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
         self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)
-        self.token_tier = (
-            token_tier
-            if isinstance(token_tier, TokenTier)
-            else self.build_token_tier(self.chat_model, token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv"))
-        )
         self._system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
+        self.token_tier: TokenTier | None = None  # a remote model's KV is its server's
+        self.runner: ModelRunner | RemoteRunner
+        if isinstance(model, RemoteModel):
+            self.runner = RemoteRunner(model)
+        else:
+            self.token_tier = (
+                token_tier
+                if isinstance(token_tier, TokenTier)
+                else self.build_token_tier(model, token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv"))
+            )
+            self.runner = ModelRunner(model, self.token_tier, self._system_ids)
         if not isinstance(store, SessionStore):
             store = SessionStore(store) if store else SessionStore.open(default_data_dir())
         self.store = store
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
-        vocab_size = int(self.chat_model.model.config.vocab_size)  # the ids a stored reply may hold
+        vocab_size = self.chat_model.vocab_size  # the ids a stored reply may hold
         self.resident = ResidentSessions(memory or MemoryConfig(), self._unload_session, self.expire_sessions)
         self.conversations = Conversations(
             store, bot_name, user_id, self.system_prompt, vocab_size=vocab_size, on_open=self.resident.touch
@@ -199,7 +216,6 @@ class ChatEngine:
             else None
         )
         self.coordinator = self._build_coordinator(drift, promote_threshold)
-        self.runner = ModelRunner(self.chat_model, self.token_tier, self._system_ids)
         self.answer_cache = (
             AnswerCache(
                 answer_cache if isinstance(answer_cache, AnswerCacheConfig) else AnswerCacheConfig(),
@@ -502,7 +518,8 @@ class ChatEngine:
     def release_session(self, session_id: str) -> None:
         """Free what a session holds in memory and on disk (it ended or expired)."""
         self.conversations.forget(session_id)
-        self.token_tier.drop(session_id)
+        if self.token_tier is not None:
+            self.token_tier.drop(session_id)
         self._release_topic(session_id)
         self.resident.forget(session_id)
 
@@ -510,7 +527,8 @@ class ChatEngine:
         """Let go of an idle session's memory (its KV goes to disk); False while a turn holds it."""
 
         def release() -> None:
-            self.token_tier.unload(session_id)
+            if self.token_tier is not None:
+                self.token_tier.unload(session_id)
             self._release_topic(session_id)
 
         return self.conversations.unload(session_id, release)
@@ -539,7 +557,8 @@ class ChatEngine:
         """
         if self.prefetcher is not None:
             self.prefetcher.close()
-        self.token_tier.spill_all()
+        if self.token_tier is not None:
+            self.token_tier.spill_all()
         self.store.close()
 
     def __enter__(self) -> ChatEngine:
@@ -549,7 +568,8 @@ class ChatEngine:
         self.close()
 
     def kv_stats(self) -> TokenTierStats:
-        return self.token_tier.stats()
+        """The token tier's counters; all zero on a remote model, whose KV is its server's."""
+        return self.token_tier.stats() if self.token_tier is not None else TokenTierStats()
 
     # -- one turn ---------------------------------------------------------------------
 
@@ -650,13 +670,14 @@ class ChatEngine:
             stats.ttft_s = time.perf_counter() - turn.started
             yield hit.answer
             turn.reply = Message("assistant", hit.answer)
-            self.answers.maybe_audit(hit, params, lambda: self._plan(conversation, turn)[0])
+            self.answers.maybe_audit(hit, params, lambda: self._plan(conversation, turn))
         else:
-            prompt, stats.dropped_turns = self._plan(conversation, turn)
-            if turn.admit is not None:
+            prompt = self._plan(conversation, turn)
+            stats.dropped_turns = prompt.dropped_turns
+            if turn.admit is not None and self.token_tier is not None:  # a server admits turns on a local model
                 prefix = self._system_ids if turn.prefix is None else turn.prefix
-                fits = self.token_tier.fits(len(prompt) + params.max_new_tokens)
-                turn.admit(len(prompt) - self.token_tier.reusable(turn.session_id, prompt, prefix), fits)
+                fits = self.token_tier.fits(len(prompt.ids) + params.max_new_tokens)
+                turn.admit(len(prompt.ids) - self.token_tier.reusable(turn.session_id, prompt.ids, prefix), fits)
             self._record_user(conversation, turn)
             generated: list[Message] = []
             try:
@@ -702,7 +723,7 @@ class ChatEngine:
     def _reply_of(self, turn: Turn) -> Reply:
         """The caller's reply; empty for a message left for the person a session was handed to."""
         turn.stats.total_s = time.perf_counter() - turn.started
-        turn.stats.kv_bytes = self.token_tier.resident_bytes()
+        turn.stats.kv_bytes = self.token_tier.resident_bytes() if self.token_tier is not None else 0
         context = turn.context
         return Reply(
             turn.session_id,
@@ -725,36 +746,37 @@ class ChatEngine:
                 f"context window of {self.context_window}. Shorten it or lower max_new_tokens."
             )
 
-    def _plan(self, conversation: Conversation, turn: Turn) -> tuple[list[int], int]:
-        """The prompt's ids and how many turns are out of it: a session's turns that fit, or the
-        given conversation whole."""
+    def _plan(self, conversation: Conversation, turn: Turn) -> Prompt:
+        """The prompt: a session's turns that fit, or the given conversation whole."""
         if not turn.given:
             return self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens)
-        prompt = self.renderer.conversation_ids([*conversation.window(), turn.user], RenderedSegments())
+        messages = [*conversation.window(), turn.user]
+        prompt = self.renderer.conversation_ids(messages, RenderedSegments())
         if len(prompt) + turn.params.max_new_tokens > self.context_window:
             raise ContextWindowError(
                 f"The conversation is {len(prompt)} tokens; with {turn.params.max_new_tokens} reply tokens it exceeds "
                 f"the context window of {self.context_window}. Send fewer or shorter messages, or lower max_new_tokens."
             )
-        return prompt, 0
+        return Prompt(prompt, messages)
 
-    def _layout_prompt(self, conversation: Conversation, user: Message, max_new_tokens: int) -> tuple[list[int], int]:
-        """Prompt ids for the conversation plus `user`, dropping the oldest whole turns that do not fit.
+    def _layout_prompt(self, conversation: Conversation, user: Message, max_new_tokens: int) -> Prompt:
+        """The conversation plus `user`, dropping the oldest whole turns that do not fit.
 
         Dropped turns stay dropped on later turns, so the prompt's start stays stable and the
-        token tier keeps reusing it. The system prompt is never dropped. Returns the prompt and
-        how many turns are out of it.
+        token tier (or a remote server's prefix cache) keeps reusing it. The system prompt is
+        never dropped.
         """
         room = self.context_window - max_new_tokens
         start = conversation.context_start
         while True:
             if start != conversation.context_start:
                 conversation.segments.ids.clear()
-            prompt = self.renderer.conversation_ids([*conversation.window(start), user], conversation.segments)
+            messages = [*conversation.window(start), user]
+            prompt = self.renderer.conversation_ids(messages, conversation.segments)
             if len(prompt) <= room:
                 break
             start += 2  # one user message and its reply
         conversation.context_start = start  # from now on, and after a restart once the turn commits
         # The user's segment is not memoized: if this turn fails, another message takes its place.
         del conversation.segments.ids[len(conversation.window()):]
-        return prompt, start // 2
+        return Prompt(prompt, messages, start // 2)

@@ -20,6 +20,7 @@ __all__ = [
     "InvalidIdError",
     "InvalidMessageError",
     "ModelNotFoundError",
+    "RemoteModelError",
     "SessionClosedError",
     "StorageError",
     "UnknownSessionError",
@@ -45,3 +46,8 @@ class ContextWindowError(InvalidMessageError):
 
 class ConfigError(ChatCacheError, ValueError):
     """An engine setting that can never work, caught at construction."""
+
+
+class RemoteModelError(ChatCacheError, RuntimeError):
+    """A model served elsewhere could not be reached, or refused a request; the message has its
+    address and what it answered. A turn it fails keeps the user's message, as any failed turn does."""

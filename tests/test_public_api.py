@@ -11,9 +11,9 @@ import chatcache
 PUBLIC = {
     "AnswerCacheConfig", "AsyncReplyStream", "BotDefinition", "ChatCacheError", "ChatEngine", "ChatModel",
     "ConfigError", "CorruptDatabaseError", "DriftConfig", "GenerationConfig", "InvalidIdError",
-    "InvalidMessageError", "MemoryConfig", "Message", "ModelNotFoundError", "Reply", "ReplyStream",
+    "InvalidMessageError", "MemoryConfig", "Message", "ModelNotFoundError", "RemoteModel", "RemoteModelError", "Reply", "ReplyStream",
     "SessionClosedError", "SessionStore", "StageThresholds", "StorageError", "TokenTier", "TokenTierConfig",
-    "TokenTierStats", "TurnStats", "TurnTierConfig", "UnknownSessionError", "default_data_dir",
+    "TokenTierStats", "TurnStats", "TurnTierConfig", "UnknownSessionError", "connect_remote_model", "default_data_dir",
     "load_chat_model", "load_embedder",
 }  # fmt: skip
 

@@ -332,7 +332,8 @@ class ChatApp(App[int]):
         if self._busy():
             return
         freed = self.engine.kv_stats().resident_bytes
-        self.engine.token_tier.clear()
+        if self.engine.token_tier is not None:  # a remote model's KV is its server's
+            self.engine.token_tier.clear()
         self.engine.turn_tier.clear()
         self.refresh_panel()
         self.notify(f"Caches cleared ({freed / 1024:.0f} KiB of KV freed); the next turn recomputes its context.")

@@ -25,7 +25,8 @@ from ..steering.hcac import TurnContext
 from ..tiers.kv import crop_to, new_cache
 from ..model.runner import ModelRunner
 from .prefetch import Prefetcher, TransitionModel
-from ..model.prompt import Message, PromptRenderer, RenderedSegments
+from ..model.prompt import Message, Prompt, PromptRenderer, RenderedSegments
+from ..model.remote import RemoteRunner
 from ..reply import TurnStats
 from ..tiers.token_tier import common_prefix_length
 
@@ -56,7 +57,7 @@ class CachedAnswers:
     Args:
         cache: the answer cache.
         base: the scope every answer of this engine shares (model, bot, tenant).
-        runner: runs the model for audits and prefetching.
+        runner: runs the model for audits and prefetching (prefetching only on a local model).
         conversations: the sessions, for prefetching on their current window.
         renderer: turns messages into prompt ids.
         context_window: prompt plus reply limit in tokens.
@@ -68,7 +69,7 @@ class CachedAnswers:
         self,
         cache: AnswerCache,
         base: Scope,
-        runner: ModelRunner,
+        runner: ModelRunner | RemoteRunner,
         conversations: Conversations,
         renderer: PromptRenderer,
         context_window: int,
@@ -167,12 +168,11 @@ class CachedAnswers:
             intent=context.intent if where.intent else None,
         )
 
-    def maybe_audit(self, hit: CacheHit, params: GenerationConfig, prompt: Callable[[], list[int]]) -> None:
-        """For a sample of hits, run the model anyway (on a throwaway cache) and record agreement."""
+    def maybe_audit(self, hit: CacheHit, params: GenerationConfig, prompt: Callable[[], Prompt]) -> None:
+        """For a sample of hits, run the model anyway (from scratch) and record agreement."""
         if self._audit_rng.random() >= self.cache.config.audit_rate:
             return
-        completion = self.runner.complete(prompt(), new_cache(self.runner.chat_model.model.config), params)
-        assert completion is not None  # nothing stops an audit
+        completion = self.runner.answer(prompt(), params)
         self.cache.record_audit(normalize(completion.text) == normalize(hit.answer))
 
     def prefetcher(self, store: SessionStore, busy: Callable[[], bool]) -> Prefetcher:
@@ -204,6 +204,7 @@ class CachedAnswers:
             conversation.lock.release()
         if len(prompt) + PREFETCH_REPLY_ROOM > self.context_window:
             return False
+        assert isinstance(self.runner, ModelRunner)  # the engine refuses prefetch on a remote model
         snapshot = self.runner.token_tier.snapshot(session_id)
         cache = new_cache(self.runner.chat_model.model.config)
         if snapshot is not None:

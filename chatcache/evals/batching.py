@@ -20,6 +20,8 @@ from transformers import DynamicCache
 
 from ..config import GenerationConfig
 from ..engine import ChatEngine
+from ..errors import ConfigError
+from ..model.loading import ChatModel
 from ..model.generation import forward, generate_tokens
 from ..model.runner import eos_token_ids
 from ..model.prompt import Message, RenderedSegments
@@ -93,6 +95,8 @@ def compare_with_uncached(engine: ChatEngine, sessions: Sequence[str], max_new_t
     The engine must have run no drift, dialogue or answer cache on these sessions: the
     reference lays out every earlier turn and the system prompt, as a plain chatbot does.
     """
+    if not isinstance(engine.chat_model, ChatModel):
+        raise ConfigError("The batching agreement compares the engine with a local model's own forward pass.")
     model = engine.chat_model.model
     params = GenerationConfig(max_new_tokens=max_new_tokens)
     eos = eos_token_ids(engine.chat_model)

