@@ -73,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--bot", default=None, help="bot definition: a YAML file or a shipped bot name")
     serve.add_argument("--model", default=None, help="'bundled' (default), a Hugging Face model id or a local path")
     serve.add_argument("--db", default=None, help="SQLAlchemy URL of the session database (default: SQLite in the data dir)")
+    serve.add_argument("--kv-dir", type=Path, default=None, help="where cold sessions' KV is spilled (default: kv/ in the data dir)")
     serve.add_argument("--system", dest="system_prompt", default=None, help="system prompt (default: the bot's, or a generic one)")
     serve.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
@@ -166,7 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .serving.keys import KeyFileError
 
     flags = {name: getattr(args, name) for name in (
-        "bot", "model", "db", "system_prompt", "host", "port", "ttft_slo", "max_queue", "api_key_file", "rate_limit",
+        "bot", "model", "db", "kv_dir", "system_prompt", "host", "port", "ttft_slo", "max_queue", "api_key_file", "rate_limit",
         "busy_session", "drain_seconds",
     )}  # fmt: skip
     try:

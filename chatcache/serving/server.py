@@ -15,10 +15,8 @@ from storage import SessionStore
 
 from ..config import GenerationConfig, TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
-from ..errors import ConfigError
 from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message
-from ..model.remote import is_remote
 from ..model.runner import ModelRunner
 from ..steering.hcac import Embed, sentence_embed
 from ..tiers.token_tier import Checkout
@@ -91,15 +89,9 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
     """Load the model (unless given), open the database, and make the shared parts every tenant's engine uses."""
     keys = settings.keys()
     owns_model = chat_model is None
-    if chat_model is None and is_remote(settings.model):
-        raise ConfigError(
-            f"chatcache serve runs a local model ({settings.model} is a server's address): its admission "
-            "control predicts each turn from the model's own step times. Use the remote model from "
-            "Python or `chatcache chat --model URL`."
-        )
     model = chat_model or load_chat_model(settings.model)
     store = SessionStore(settings.db) if settings.db else SessionStore.open(default_data_dir())
-    token_tier = ChatEngine.build_token_tier(model, TokenTierConfig(spill_dir=default_data_dir() / "kv"))
+    token_tier = ChatEngine.build_token_tier(model, TokenTierConfig(spill_dir=settings.kv_dir or default_data_dir() / "kv"))
     needs_embedder = settings.answer_cache or settings.drift or settings.bot is not None
     embed = embedder if callable(embedder) or not needs_embedder else sentence_embed(load_embedder(embedder))
     system_prompt = settings.system_prompt or (None if settings.bot else DEFAULT_SYSTEM_PROMPT)

@@ -20,8 +20,11 @@ class ServeSettings(BaseSettings):
 
     Attributes:
         bot: a bot definition (YAML path or shipped bot name); none for a plain chatbot.
-        model: "bundled", a Hugging Face model id or a local path.
+        model: "bundled", a Hugging Face model id or a local path (not a remote server's address:
+            admission control predicts each turn from the model's own step times).
         db: SQLAlchemy URL of the session database (default: SQLite in the data directory).
+        kv_dir: where cold sessions' KV is spilled (default: `kv` in the data directory);
+            replicas on several machines share it on a network filesystem or an object-store mount.
         host, port: where to listen; loopback by default.
         system_prompt: the bot's instructions (default: the bot's, or a generic one).
         ttft_slo: refuse (429) a request predicted to wait longer than this for its first token.
@@ -42,6 +45,7 @@ class ServeSettings(BaseSettings):
     bot: str | None = None
     model: str = "bundled"
     db: str | None = None
+    kv_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     system_prompt: str | None = None
@@ -57,6 +61,16 @@ class ServeSettings(BaseSettings):
     max_tokens: int = Field(256, ge=1)
     answer_cache: bool = True
     drift: bool = True
+
+    @field_validator("model")
+    @classmethod
+    def _local(cls, model: str) -> str:
+        if model.startswith(("http://", "https://")):
+            raise ValueError(
+                "chatcache serve runs a local model: its admission control predicts each turn from the "
+                "model's own step times. A model served elsewhere works from Python and `chatcache chat --model URL`."
+            )
+        return model
 
     @field_validator("api_key_file")
     @classmethod

@@ -65,3 +65,21 @@ def test_serve_refuses_bad_settings_before_loading_anything(tmp_path: Path, caps
     assert "line 1" in capsys.readouterr().err
     assert main(["serve", "--api-key-file", str(tmp_path / "missing.txt")]) == 2
     assert "not a readable file" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_remote_model_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    """A server's admission control predicts from the model's own steps: it needs the model here."""
+    assert main(["serve", "--model", "http://127.0.0.1:8080/v1"]) == 2
+    assert "runs a local model" in capsys.readouterr().err
+
+
+def test_spilled_kv_goes_to_the_kv_dir(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`--kv-dir` puts what a draining server spills where other replicas can restore it, apart
+    from the data directory."""
+    shared = tmp_path / "shared-kv"
+    live = serve(kv_dir=shared)
+    with live.client() as http:
+        body = {"model": live.model_id, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+        assert http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "kv-1"}).status_code == 200
+    live.stop()
+    assert [p.suffix for p in shared.iterdir()] == [".safetensors"]
