@@ -1,9 +1,11 @@
 """`chatcache cluster`: three replicas on PostgreSQL behind HAProxy, one of them killed mid-load.
 
 Real processes: `chatcache cluster up` starts PostgreSQL, three `chatcache serve` replicas on
-the tiny model and HAProxy, all on loopback. Twelve conversations run at once through the
+the tiny model and HAProxy, all on loopback. Fifty conversations run at once through the
 router; once each has been answered twice, the replica serving the first is killed with
 SIGKILL while turns are in flight. A client whose request fails sends the same message again.
+Every reply is then checked against the same conversation answered alone in this process,
+without the answer cache: a reply that came from another session's KV or answer would differ.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import httpx
 from chatcache.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-CONVERSATIONS = 12
+CONVERSATIONS = 50
 TURNS = 4
+MAX_TOKENS = 4
 
 def _chatcache(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "chatcache.cli", *args], env=env, capture_output=True, text=True, timeout=timeout)
@@ -39,7 +42,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_killed(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_killed(
+    tmp_path: Path, tiny_model_dir: Path, tiny_model
+) -> None:  # type: ignore[no-untyped-def]
     assert shutil.which("haproxy"), "HAProxy is not installed: `.ci/run` installs it (apt-get install haproxy)"
     env = {**os.environ, "CHATCACHE_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     started = _chatcache(env, "cluster", "up", "--replicas", "3", "--port", str(free_port()), "--model", str(tiny_model_dir), timeout=600)
@@ -52,6 +57,7 @@ def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_kille
         assert _chatcache(env, "cluster", "up", "--replicas", "1").returncode == 2, "a second cluster is refused"
         served_by: dict[int, list[tuple[float, str]]] = {i: [] for i in range(CONVERSATIONS)}
         acknowledged: dict[int, list[str]] = {i: [] for i in range(CONVERSATIONS)}
+        replies: dict[int, list[str]] = {i: [] for i in range(CONVERSATIONS)}
         failed: dict[int, list[str]] = {i: [] for i in range(CONVERSATIONS)}
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         twice = threading.Barrier(CONVERSATIONS + 1)
@@ -64,7 +70,7 @@ def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_kille
                         if turn == 2:
                             twice.wait()
                         text = f"conversation {index} turn {turn}"
-                        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+                        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS}
                         for _ in range(60):
                             try:
                                 answered = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": f"s{index}"})
@@ -77,6 +83,7 @@ def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_kille
                         else:
                             raise AssertionError(f"conversation {index} turn {turn} was never answered: {answered and answered.text}")
                         acknowledged[index].append(text)
+                        replies[index].append(answered.json()["choices"][0]["message"]["content"])
                         served_by[index].append((time.monotonic(), answered.headers["x-chatcache-replica"]))
             except BaseException as error:  # noqa: BLE001 - reported by the test thread
                 errors.append(error)
@@ -104,6 +111,8 @@ def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_kille
         assert len({replicas[0][1] for replicas in served_by.values()}) > 1
         after = [name for replicas in served_by.values() for at, name in replicas if at > killed_at]
         assert after and victim_name not in after, "nothing was served by the dead replica after it died"
+        moved = [replicas for replicas in served_by.values() if replicas[1][1] == victim_name]
+        assert moved and all(replicas[-1][1] != victim_name for replicas in moved), "the victim's conversations went on elsewhere"
         # The record: every acknowledged turn once, answered, in order; other user messages only from failed attempts.
         with httpx.Client(base_url=url, timeout=60) as http:
             for index in range(CONVERSATIONS):
@@ -116,9 +125,26 @@ def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_kille
                 for text in answered_texts:
                     unanswered.remove(text)
                 assert set(unanswered) <= set(failed[index]), (index, unanswered)
+        _assert_each_reply_is_its_own_conversations(tiny_model, tmp_path, acknowledged, replies)
     finally:
         stopped = _chatcache(env, "cluster", "down", timeout=180)
     assert stopped.returncode == 0 and stopped.stdout.strip() == "stopped", stopped.stderr
     pids = [status["router"]["pid"], *(r["pid"] for r in status["replicas"])]
     assert not any(_alive(pid) for pid in pids)
     assert json.loads(_chatcache(env, "cluster", "status", "--json").stdout) == {"up": False}
+
+
+def _assert_each_reply_is_its_own_conversations(
+    tiny_model, tmp_path: Path, acknowledged: dict[int, list[str]], replies: dict[int, list[str]]
+) -> None:  # type: ignore[no-untyped-def]
+    """Each conversation's acknowledged turns answered again alone, as a replica answers them
+    (its system prompt, drift on the bundled embedder), with no answer cache: greedy replies must
+    be the same, whichever replica, KV or cache served them."""
+    from chatcache import ChatEngine
+    from chatcache.serving.server import DEFAULT_SYSTEM_PROMPT
+
+    alone = ChatEngine(tiny_model, system_prompt=DEFAULT_SYSTEM_PROMPT, drift=True, store=f"sqlite:///{tmp_path}/alone.db")
+    for index in range(CONVERSATIONS):
+        expected = [alone.chat(f"s{index}", text, max_new_tokens=MAX_TOKENS).text for text in acknowledged[index]]
+        assert replies[index] == expected, (index, replies[index], expected)
+    alone.close()
