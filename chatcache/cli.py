@@ -47,12 +47,14 @@ def _evaluation(name: str) -> Callable[[list[str]], int]:
         from .evals.answer_cache import main_answer_cache as run
     elif name == "intents":
         from .evals.intents import main as run
+    elif name == "polarity":
+        from .evals.polarity import main as run
     else:
         from .evals.answer_cache import main_pairs as run
     return run
 
 
-EVALUATIONS = ("drift", "answer-cache", "pairs", "intents")
+EVALUATIONS = ("drift", "answer-cache", "pairs", "intents", "polarity")
 LISTED_INTENTS = 8  # `chatcache bots` names a bot's first intents, then counts the rest
 
 

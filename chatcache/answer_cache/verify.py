@@ -4,12 +4,15 @@ Embeddings put "Is John older than Mary?" next to "Is Mary older than John?" and
 TV" next to "function of money". These model-free checks run on the matched pair after the
 vector search and refuse the hit when the texts differ in what makes an answer different:
   * numbers (amounts, dates, counts);
-  * negation, when the rest of the wording is largely shared (a rewording that says the same
-    thing with "can't" and without is left to the embedding);
+  * negation, when the rest of the wording is largely shared: one text negates more often than
+    the other ("why did I get 20" and "why didn't I get 20"; a second clause's "don't" turned
+    "do" in a long message); a rewording that says the same thing with "can't" and without is
+    left to the embedding;
   * the same content words in another order: mostly shared words whose order changed, or two
     words that took each other's role (the preposition before them: "from X to Y", "from Y to X");
-  * one short span replaced by another content word (a different entity), unless the two are
-    forms of one word ("delivery" and "deliveries").
+  * one short span replaced by another, a content word on at least one side (a different
+    entity, or an opposite: "turn on" and "turn off", "log in" and "log out"), unless the two
+    are forms of one word ("delivery" and "deliveries").
 It does not parse, so a reordering that keeps the meaning ("a refund for what I bought" and
 "I bought something I need a refund for") is refused too: a miss costs a model call, a false
 hit a wrong answer. What the checks cost in hits is measured by `chatcache eval pairs` and
@@ -52,7 +55,9 @@ def words(text: str) -> list[str]:
 
 
 def content_words(tokens: list[str]) -> list[str]:
-    return [t for t in tokens if t not in STOPWORDS and not t.isdigit()]
+    """The words that carry what a text is about: no function words, numbers or negations
+    (numbers and negations have checks of their own)."""
+    return [t for t in tokens if t not in STOPWORDS and t not in _NEGATION and not t.isdigit()]
 
 
 def verify(query: str, cached: str) -> Verdict:
@@ -62,7 +67,7 @@ def verify(query: str, cached: str) -> Verdict:
     q_words, c_words = words(query), words(cached)
     q_content, c_content = content_words(q_words), content_words(c_words)
     shared = _shared_share(q_content, c_content)
-    if bool(_NEGATION & set(q_words)) != bool(_NEGATION & set(c_words)) and shared >= SHARED_FOR_NEGATION:
+    if _negations(q_words) != _negations(c_words) and shared >= SHARED_FOR_NEGATION:
         return Verdict(False, "negation differs")
     if shared >= SHARED_FOR_ORDER and _inverted(q_content, c_content):
         return Verdict(False, "same words, other roles")
@@ -73,7 +78,8 @@ def verify(query: str, cached: str) -> Verdict:
     if len(replaced) == 1:
         before, after = replaced[0]
         b_content, a_content = content_words(before), content_words(after)
-        if b_content and a_content and len(before) <= 2 and len(after) <= 2 and not _same_stems(b_content, a_content):
+        replaced_word = before and after and (b_content or a_content)
+        if replaced_word and len(before) <= 2 and len(after) <= 2 and not _same_stems(b_content, a_content):
             return Verdict(False, f"different entity: {' '.join(before)!r} vs {' '.join(after)!r}")
     return Verdict(True)
 
@@ -97,9 +103,16 @@ def echoes_particulars(query: str, cached: str, answer: str, common: frozenset[s
     return bool(particular & stems(answer))
 
 
+def _negations(tokens: list[str]) -> int:
+    return sum(t in _NEGATION for t in tokens)
+
+
 def _shared_share(a: list[str], b: list[str]) -> float:
-    """Share of the shorter text's distinct content words that the other text has too."""
+    """Share of the shorter text's distinct content words that the other text has too (1 when
+    neither has any: texts of function words alone share all they have)."""
     sa, sb = set(a), set(b)
+    if not sa and not sb:
+        return 1.0
     return len(sa & sb) / min(len(sa), len(sb)) if sa and sb else 0.0
 
 

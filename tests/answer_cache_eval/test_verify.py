@@ -15,6 +15,14 @@ from chatcache.answer_cache import verify
         ("Is John older than Mary?", "Is Mary older than John?", "same words, other roles"),
         ("cheap flights from Boston to Denver in May", "cheap flights from Denver to Boston", "same words, other roles"),
         ("What is the function of TV?", "What is the function of money?", "different entity"),
+        ("How do I turn off my new card?", "How do I turn on my new card?", "different entity"),
+        ("The app isn't letting me log out.", "The app isn't letting me log in.", "different entity"),
+        ("why didn't i only get 20.00", "why did i only get 20.00", "negation differs"),  # no content words at all
+        (
+            "I was charged twice for one meal. How do I get it back? I do eat out much.",
+            "I was charged twice for one meal. How do I get it back? I do not eat out much.",
+            "negation differs",  # both negate somewhere, one more often
+        ),
     ],
 )
 def test_rule_refuses_its_case(query: str, cached: str, reason: str) -> None:
