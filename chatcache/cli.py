@@ -49,12 +49,14 @@ def _evaluation(name: str) -> Callable[[list[str]], int]:
         from .evals.intents import main as run
     elif name == "polarity":
         from .evals.polarity import main as run
+    elif name == "context":
+        from .evals.context import main as run
     else:
         from .evals.answer_cache import main_pairs as run
     return run
 
 
-EVALUATIONS = ("drift", "answer-cache", "pairs", "intents", "polarity")
+EVALUATIONS = ("drift", "answer-cache", "pairs", "intents", "polarity", "context")
 LISTED_INTENTS = 8  # `chatcache bots` names a bot's first intents, then counts the rest
 
 
@@ -101,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
     init.add_argument("name", help="the bot's name, also its directory's")
     init.add_argument("--dir", type=Path, default=Path("."), help="where its directory goes (default: here)")
-    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs, intents")
+    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs, intents, polarity, context")
     evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
     return parser
 

@@ -51,6 +51,36 @@ class AnswerScope:
     storable: bool
 
 
+def answer_scope(
+    base: Scope, user_id: str, conversation: Conversation, context: TurnContext, question: str
+) -> AnswerScope | None:
+    """Where a turn's answer may be found and kept; None: the turn is not cached at all.
+
+    A turn whose question, prompt window, confirmed facts or slots carry personal data is never
+    cached: its answer may repeat that data. Otherwise a context-free turn is shared by the
+    bot's users, a follow-up only by this user after exactly the same conversation. A confirmed
+    cacheable intent is shared by everyone asking it with the same slots, but only an answer the
+    model wrote with no earlier turn in its prompt is kept there: the bot says such answers do
+    not depend on the conversation, and one written after somebody's conversation could still
+    repeat it. (`chatcache eval context` measures these keys on SGD conversations.)
+    """
+    window = conversation.turns[conversation.context_start :]
+    slots = {str(name): str(value) for name, value in (conversation.dialogue or {}).get("slots", {}).items()}
+    told = [m.content for m in window] + [f.value for f in conversation.facts] + [*slots.values(), question]
+    if any_personal_data(told):
+        return None
+    flow_answer = context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE")
+    if flow_answer and context.intent is not None:
+        # The facts the model saw are the bot's own confirmed values, checked above; turns are the user's words.
+        intent = Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots))
+        return AnswerScope(intent, intent=True, across_users=True, storable=not window)
+    if not window and not conversation.facts:
+        return AnswerScope(base, intent=False, across_users=True, storable=True)
+    seen = [(m.role, m.content) for m in conversation.window()]
+    follow_up = Scope(base.model, base.bot, base.tenant, conversation_context(user_id, seen))
+    return AnswerScope(follow_up, intent=False, across_users=False, storable=True)
+
+
 class CachedAnswers:
     """Serves and fills the answer cache for one engine.
 
@@ -87,33 +117,10 @@ class CachedAnswers:
     def scope(
         self, conversation: Conversation, context: TurnContext, question: str, bot: str | None = None
     ) -> AnswerScope | None:
-        """Where this turn's answer may be found and kept; None: the turn is not cached at all.
-
-        A turn whose question, prompt window, confirmed facts or slots carry personal data is
-        never cached: its answer may repeat that data. Otherwise a context-free turn is shared
-        by the bot's users, a follow-up only by this user after exactly the same conversation.
-        A confirmed cacheable intent is shared by everyone asking it with the same slots, but
-        only an answer the model wrote with no earlier turn in its prompt is kept there: the bot
-        says such answers do not depend on the conversation, and one written after somebody's
-        conversation could still repeat it. `bot` replaces the engine's bot fingerprint (the
-        LangChain path: a conversation brings its own system prompt).
-        """
+        """Where this turn's answer may be found and kept (`answer_scope`); `bot` replaces the
+        engine's bot fingerprint (the LangChain path: a conversation brings its own system prompt)."""
         base = replace(self.base, bot=bot) if bot is not None else self.base
-        window = conversation.turns[conversation.context_start :]
-        slots = {str(name): str(value) for name, value in (conversation.dialogue or {}).get("slots", {}).items()}
-        told = [m.content for m in window] + [f.value for f in conversation.facts] + [*slots.values(), question]
-        if any_personal_data(told):
-            return None
-        flow_answer = context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE")
-        if flow_answer and context.intent is not None:
-            # The facts the model saw are the bot's own confirmed values, checked above; turns are the user's words.
-            intent = Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots))
-            return AnswerScope(intent, intent=True, across_users=True, storable=not window)
-        if not window and not conversation.facts:
-            return AnswerScope(base, intent=False, across_users=True, storable=True)
-        seen = [(m.role, m.content) for m in conversation.window()]
-        follow_up = Scope(base.model, base.bot, base.tenant, conversation_context(self.conversations.user_id, seen))
-        return AnswerScope(follow_up, intent=False, across_users=False, storable=True)
+        return answer_scope(base, self.conversations.user_id, conversation, context, question)
 
     def holds_exact(self, conversation: Conversation, question: str, bot: str | None = None) -> bool:
         """Whether this exact question has a live answer where this turn could look (no embedding:
