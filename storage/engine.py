@@ -9,6 +9,8 @@ and reads are transactional too. Every other module works on any SQLAlchemy URL,
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +102,7 @@ def _tune_sqlite(engine: Engine, busy_timeout: float) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(cursor, busy_timeout)
         # With WAL, NORMAL cannot corrupt the file; a power cut may drop the last commits,
         # a fair price for appends about five times cheaper than with FULL's fsync.
         cursor.execute("PRAGMA synchronous = NORMAL")
@@ -110,6 +112,25 @@ def _tune_sqlite(engine: Engine, busy_timeout: float) -> None:
     def on_begin(conn: Connection) -> None:
         # IMMEDIATE (`Database.transaction(immediate=True)`) takes the write lock at BEGIN.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(IMMEDIATE) else "BEGIN")
+
+
+def _switch_to_wal(cursor: Any, busy_timeout: float) -> None:
+    """Put the database in WAL mode, waiting up to `busy_timeout` for the lock that takes.
+
+    A new database switches from its rollback journal under an exclusive lock, and SQLite answers
+    "database is locked" at once there, without its busy handler: six stores opening one new file
+    together (replicas starting at once) failed about one time in sixteen while another one's
+    connection migrated it. A database already in WAL mode answers at once and never waits.
+    """
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def is_busy(exc: DBAPIError) -> bool:
