@@ -27,7 +27,11 @@ from dataclasses import dataclass
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
-_NEGATION = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot"}
+_NEGATION = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot"} | {
+    # Contractions typed without their apostrophe ("my card wont work").
+    "dont", "doesnt", "didnt", "cant", "wont", "isnt", "arent", "wasnt", "werent", "havent", "hasnt", "couldnt",
+    "wouldnt", "shouldnt",
+}  # fmt: skip
 _ROLE_WORDS = frozenset(
     """from to in on at by for with of than into onto over under between after before during about
     against through toward towards via per as""".split()
