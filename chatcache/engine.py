@@ -1,4 +1,5 @@
-"""ChatEngine: answers a user turn by turn on a local model, serving what it can from its caches.
+"""ChatEngine: answers a user turn by turn on a local model (or one served elsewhere, whose
+server's prefix cache then plays the token tier), serving what it can from its caches.
 
 One turn, top to bottom (`_run_turn`), carried through named steps by one `Turn` record:
 receive (check the message); understand (the dialogue layer and drift detection steer the
