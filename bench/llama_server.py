@@ -9,7 +9,9 @@ line per request; `LlamaServer` reads both off its log.
 
     with LlamaServer.start(log_path) as server:
         engine = ChatEngine(server.url, ...)
-        reused = server.requests_since(mark)   # [(tokens from its cache), ...] per request
+        mark = server.mark()
+        engine.chat(...)
+        served = server.requests_since(mark)   # [ServedRequest(status, reused_tokens, prompt_tokens)]
 """
 
 from __future__ import annotations
