@@ -2,12 +2,14 @@
 
 Splits the BANKING77 training file 80/20 per category (fixed seed) into a scratch folder,
 then runs `eval answer-cache` on it and `eval pairs` on PAWS and the GPTCache pairs, all with
-the default configuration and the bundled MiniLM embedder.
+the default configuration and the bundled MiniLM embedder; then GPTCache itself (PyPI
+`gptcache`, `bench/gptcache_peer.py`) on the same split, pairs and vectors.
 
     python -m bench.answer_cache_evals [--data ../shared/data] [--out bench/out] [--quick]
 
 About 15 minutes on 2 CPU cores (embedding 10,000 questions and 16,000 sentences, a cache per
-pair); --quick (every fifth BANKING77 question, the first 1,500 PAWS pairs) about 3.5 minutes. Results are
+pair), and about 12 more for GPTCache (a cache per pair, on disk); --quick (every fifth BANKING77
+question, the first 1,500 PAWS pairs) about 6 minutes. Results are
 written to bench/out/answer_cache_evals.json as each evaluation finishes.
 """
 
@@ -17,7 +19,19 @@ import argparse
 import csv
 from pathlib import Path
 
-from chatcache.evals.answer_cache import evaluate_answer_cache, evaluate_pairs, split_questions
+from chatcache.evals.answer_cache import (
+    _bundled_embed,
+    _served_metrics,
+    _unit,
+    evaluate_answer_cache,
+    evaluate_pairs,
+    load_pairs,
+    load_positives,
+    load_questions,
+    split_questions,
+)
+
+from . import gptcache_peer
 
 from .common import BenchRun, bench_arguments
 
@@ -47,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_arguments(parser)
     args = parser.parse_args()
-    run = BenchRun("answer_cache_evals", args, minutes=(15, 3.5))
+    run = BenchRun("answer_cache_evals", args, minutes=(27, 6))
     scratch = args.out / "banking77_split"
     questions, paws = args.data / "banking77" / "train.csv", args.data / "paws_wiki" / "dev.tsv"
     if args.quick:
@@ -55,8 +69,28 @@ def main() -> None:
         paws = first_pairs(paws, scratch / "quick_paws.tsv", QUICK_PAWS)
     train, test = split_questions(questions, scratch)
     run.section("answer_cache", evaluate_answer_cache(train, test))
-    run.section("pairs", evaluate_pairs(paws, args.data / "gptcache_mock" / "mock_pairs_dev.json"))
+    positives = args.data / "gptcache_mock" / "mock_pairs_dev.json"
+    run.section("pairs", evaluate_pairs(paws, positives))
+    run.section("gptcache", gptcache_section(train, test, paws, positives))
     run.finish()
+
+
+def gptcache_section(train: Path, test: Path, paws: Path, positives: Path) -> dict[str, object]:
+    """GPTCache's similar cache on the same split and pairs, with the same MiniLM vectors."""
+    stored, asked = load_questions(train), load_questions(test)
+    pairs = load_pairs(paws)
+    groups = {
+        "false_hit_rate": [(a, b) for a, b, label in pairs if label == 0],
+        "paws_hit_rate": [(a, b) for a, b, label in pairs if label == 1],
+        "positive_hit_rate": load_positives(positives),
+    }
+    texts = sorted({t for t, _ in stored + asked} | {t for group in groups.values() for pair in group for t in pair})
+    vectors = dict(zip(texts, _unit(_bundled_embed(texts))))
+    served = gptcache_peer.served_answers(stored, [t for t, _ in asked], vectors)
+    result: dict[str, object] = {"banking77": _served_metrics(served, [c for _, c in asked])}
+    for name, group in groups.items():
+        result[name] = round(sum(gptcache_peer.pair_hits(group, vectors)) / len(group), 4)
+    return result
 
 
 if __name__ == "__main__":
