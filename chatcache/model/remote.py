@@ -191,7 +191,6 @@ class _Reading:
     finish: str | None = None
     usage: CompletionUsage | None = None
     entropies: list[float] = field(default_factory=list)
-    logprobs_given: bool = False
 
     def read(self, chunk: ChatCompletionChunk) -> str:
         """The chunk's text, noting its finish reason, usage and log-probabilities."""
@@ -200,7 +199,6 @@ class _Reading:
             return ""
         choice = chunk.choices[0]
         if choice.logprobs is not None and choice.logprobs.content:
-            self.logprobs_given = True
             self.entropies += entropy_bits(choice.logprobs.content)
         self.finish = choice.finish_reason or self.finish
         return choice.delta.content or ""
