@@ -51,12 +51,14 @@ def _evaluation(name: str) -> Callable[[list[str]], int]:
         from .evals.polarity import main as run
     elif name == "context":
         from .evals.context import main as run
+    elif name == "tools":
+        from .evals.tools import main as run
     else:
         from .evals.answer_cache import main_pairs as run
     return run
 
 
-EVALUATIONS = ("drift", "answer-cache", "pairs", "intents", "polarity", "context")
+EVALUATIONS = ("drift", "answer-cache", "pairs", "intents", "polarity", "context", "tools")
 LISTED_INTENTS = 8  # `chatcache bots` names a bot's first intents, then counts the rest
 
 
@@ -103,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
     init.add_argument("name", help="the bot's name, also its directory's")
     init.add_argument("--dir", type=Path, default=Path("."), help="where its directory goes (default: here)")
-    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs, intents, polarity, context")
+    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs, intents, polarity, context, tools")
     evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
     return parser
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from storage import default_data_dir
 
 from .errors import ConfigError
+from .model.reply_format import ReplyFormat
 
 __all__ = ["GenerationConfig", "TokenTierConfig", "default_data_dir"]
 
@@ -56,6 +57,9 @@ class GenerationConfig:
     decoding deterministic. It is off by default: on the bundled model it made fewer replies
     end by themselves and none more cacheable (bench/repetition.py), and the answer cache keeps
     only plain greedy answers.
+
+    `reply_format` (a `ReplyFormat`: JSON schema, Lark grammar or regex) lets through only the
+    tokens that keep the reply in that format; the answer cache keeps such answers apart.
     """
 
     max_new_tokens: int = 256
@@ -64,6 +68,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
     repetition_penalty: float = 1.0
+    reply_format: ReplyFormat | None = None
 
     def __post_init__(self) -> None:
         # Type checks first: a string or a float here would fail deep in sampling, and NaN
@@ -83,6 +88,8 @@ class GenerationConfig:
         if not all(isinstance(s, str) for s in self.stop):
             raise ConfigError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self.stop = tuple(s for s in self.stop if s)
+        if self.reply_format is not None and not isinstance(self.reply_format, ReplyFormat):
+            raise ConfigError(f"reply_format must be a ReplyFormat or None, got {type(self.reply_format).__name__}")
 
 
 def _is_int(value: object) -> bool:

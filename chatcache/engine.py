@@ -48,6 +48,7 @@ from .model.runner import ModelRunner
 from .model.loading import ChatModel, load_chat_model, load_embedder
 from .model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
 from .model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
+from .model.reply_format import ReplyFormat
 from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
 from .tiers.residency import KeyLocks, MemoryConfig, ResidentSessions
 from .tiers.token_tier import TokenTier, TokenTierStats
@@ -81,6 +82,7 @@ def _generation(
     stop: str | Sequence[str] | None,
     seed: int | None,
     repetition_penalty: float,
+    reply_format: ReplyFormat | None,
 ) -> GenerationConfig:
     return GenerationConfig(
         max_new_tokens=max_new_tokens,
@@ -89,6 +91,7 @@ def _generation(
         stop=tuple([stop] if isinstance(stop, str) else stop or ()),
         seed=seed,
         repetition_penalty=repetition_penalty,
+        reply_format=reply_format,
     )
 
 
@@ -245,6 +248,11 @@ class ChatEngine:
         self._busy_lock = threading.Lock()
         self.prefetcher = self.answers.prefetcher(store, lambda: self._busy > 0) if prefetch and self.answers else None
 
+    @property
+    def embed(self) -> Embed | None:
+        """The sentence embedder the engine loaded (for intents, drift, the answer cache); None when it needs none."""
+        return self._embed
+
     def _bot_texts(self) -> list[str]:
         """The bot's own wording: its system prompt and every intent's description and examples."""
         texts = [self.system_prompt or ""]
@@ -294,10 +302,12 @@ class ChatEngine:
         seed: int | None = None,
         admit: Admit | None = None,
         repetition_penalty: float = 1.0,
+        reply_format: ReplyFormat | None = None,
     ) -> ReplyStream:
         """Answer `text`, yielding text pieces as tokens are generated; `admit` may refuse a
         turn that needs the model before anything is recorded (see `Admit`). A
-        `repetition_penalty` above 1 discourages the reply from repeating itself (`GenerationConfig`).
+        `repetition_penalty` above 1 discourages the reply from repeating itself, and a
+        `reply_format` keeps the model's reply in a JSON schema or grammar (`GenerationConfig`).
 
         Raises:
             InvalidMessageError: empty text or text no database can store (at once), or a
@@ -305,7 +315,7 @@ class ChatEngine:
                 recorded either way; a new session is not even created.
             ConfigError: a decoding setting that can never work (at once).
         """
-        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
+        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty, reply_format)
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
         check_storable(text)
@@ -324,10 +334,13 @@ class ChatEngine:
         seed: int | None = None,
         admit: Admit | None = None,
         repetition_penalty: float = 1.0,
+        reply_format: ReplyFormat | None = None,
     ) -> AsyncReplyStream:
         """`stream` for asyncio code: `async for piece in engine.astream(...)`, called inside a
         running event loop; the same errors, raised at once or when iteration starts."""
-        return AsyncReplyStream(self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed, admit, repetition_penalty))
+        return AsyncReplyStream(
+            self.stream(session_id, text, max_new_tokens, temperature, top_p, stop, seed, admit, repetition_penalty, reply_format)
+        )
 
     def complete(
         self,
@@ -340,6 +353,7 @@ class ChatEngine:
         seed: int | None = None,
         admit: Admit | None = None,
         repetition_penalty: float = 1.0,
+        reply_format: ReplyFormat | None = None,
     ) -> ReplyStream:
         """Answer the last user message of a conversation the caller keeps (LangChain's way, or
         an OpenAI-style request), through the same steps as a session's turn but recording nothing.
@@ -356,7 +370,7 @@ class ChatEngine:
                 last message that is not the user's or is empty (at once), or a conversation
                 that does not fit the context window (when iteration starts).
         """
-        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty)
+        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty, reply_format)
         conversation, question = self._given_conversation(messages, kv_key)
         system = conversation.system
         turn = Turn(
@@ -639,7 +653,10 @@ class ChatEngine:
             turn.context = self.coordinator.before_reply(conversation, turn.text, turn.id)
         turn.stats.drift, turn.stats.promoted = turn.context.drift, turn.context.promoted
         if self.answers is not None:
-            turn.scope = self.answers.scope(conversation, turn.context, turn.text, bot=turn.bot)
+            reply_format = turn.params.reply_format
+            turn.scope = self.answers.scope(
+                conversation, turn.context, turn.text, bot=turn.bot, reply_format=reply_format.key if reply_format else ""
+            )
 
     def _serve(self, conversation: Conversation, turn: Turn) -> Generator[str, None, None]:
         """The reply: the flow's own question, its action's response, a cached answer, or the

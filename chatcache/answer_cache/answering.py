@@ -72,12 +72,12 @@ def answer_scope(
     flow_answer = context.cacheable and context.confirmed and context.dialogue_state in ("ACTING", "DONE")
     if flow_answer and context.intent is not None:
         # The facts the model saw are the bot's own confirmed values, checked above; turns are the user's words.
-        intent = Scope(base.model, base.bot, base.tenant, intent_context(context.intent, slots))
+        intent = replace(base, context=intent_context(context.intent, slots))
         return AnswerScope(intent, intent=True, across_users=True, storable=not window)
     if not window and not conversation.facts:
         return AnswerScope(base, intent=False, across_users=True, storable=True)
     seen = [(m.role, m.content) for m in conversation.window()]
-    follow_up = Scope(base.model, base.bot, base.tenant, conversation_context(user_id, seen))
+    follow_up = replace(base, context=conversation_context(user_id, seen))
     return AnswerScope(follow_up, intent=False, across_users=False, storable=True)
 
 
@@ -115,11 +115,12 @@ class CachedAnswers:
         self._audit_rng = random.Random(0)
 
     def scope(
-        self, conversation: Conversation, context: TurnContext, question: str, bot: str | None = None
+        self, conversation: Conversation, context: TurnContext, question: str, bot: str | None = None, reply_format: str = ""
     ) -> AnswerScope | None:
         """Where this turn's answer may be found and kept (`answer_scope`); `bot` replaces the
-        engine's bot fingerprint (the LangChain path: a conversation brings its own system prompt)."""
-        base = replace(self.base, bot=bot) if bot is not None else self.base
+        engine's bot fingerprint (the LangChain path: a conversation brings its own system
+        prompt), and `reply_format` names the format the reply is held to (`ReplyFormat.key`)."""
+        base = replace(self.base, bot=bot or self.base.bot, reply_format=reply_format)
         return answer_scope(base, self.conversations.user_id, conversation, context, question)
 
     def holds_exact(self, conversation: Conversation, question: str, bot: str | None = None) -> bool:

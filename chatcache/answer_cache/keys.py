@@ -1,7 +1,8 @@
 """What an answer is cached under: a scope, then the question.
 
 The scope is applied before any vector search, so an entry can never cross it: the model's
-weights, the bot (its system prompt), the tenant, and the dialogue context. A context-free
+weights, the bot (its system prompt), the tenant, the dialogue context, and the format the
+reply was held to (a JSON schema, a grammar), if any. A context-free
 question (the first turn, or right after a topic change) is scoped to the whole bot and shared
 by its users. A follow-up's answer may depend on anything the model was shown, so its scope is
 a fingerprint of the whole conversation that reaches the model (the system message with the
@@ -42,10 +43,11 @@ class Scope:
     bot: str
     tenant: str = "default"
     context: str = ""
+    reply_format: str = ""  # the key of the format replies are held to; "" for free text
 
     def key(self) -> str:
-        raw = "\0".join((self.model, self.bot, self.tenant, self.context))
-        return hashlib.sha256(raw.encode()).hexdigest()[:32]
+        parts = (self.model, self.bot, self.tenant, self.context) + ((self.reply_format,) if self.reply_format else ())
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
 def bot_fingerprint(system_prompt: str | None) -> str:

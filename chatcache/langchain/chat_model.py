@@ -10,34 +10,50 @@ Two ways a call is served:
     turns, or a `RunnableWithMessageHistory`, which owns the history it sends), the session id
     only names the token-tier entry and the message-list path runs.
 
-Tool calling, structured output and non-text input are not supported: a 135M local model
-cannot do them reliably, so they fail loudly instead of producing plausible garbage.
+Tool calling (`bind_tools`) and structured output (`with_structured_output`, JSON mode) work on
+any local model, the bundled 135M one included, because the engine's decoder is held to a
+grammar (`ReplyFormat`): a call names a bound tool and its arguments validate against the
+tool's schema; structured output validates against its schema. Tools, calls and results are
+written in `chatcache.model.tools`' format. Free strings in those schemas are bounded so the
+JSON can close within `max_tokens` (`within_budget`): a small model otherwise loops inside a
+string until its budget ends. Non-text input (images, audio, files) is refused.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from operator import itemgetter
+from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages import InvalidToolCall, ToolCall, ToolCallChunk
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.runnables.config import ensure_config
-from pydantic import ConfigDict, Field, model_validator
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from ..engine import ChatEngine
+from ..model.prompt import Message
+from ..model.reply_format import ReplyFormat, within_budget
+from ..model.loading import load_embedder
+from ..model.tools import CALL_OPEN, Tool, call_format, parse_calls, tools_prompt
+from ..steering.hcac import sentence_embed
+from ..steering.tool_router import ROUTE_THRESHOLD, ToolRouter
 from ..reply import Reply, ReplyStream
 from .messages import to_chatcache
 
-_NO_TOOLS = (
-    "CachedChatModel does not support tool calling or structured output: the local models it runs "
-    "are not trained for it. Ask for the format in the prompt and parse the text instead."
-)
 _CALL_PARAMS = ("max_tokens", "temperature", "top_p", "seed")
+_ANY_OBJECT = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "null", "array", "object"]}}
+_TOOL_CHOICES = {None: "auto", "auto": "auto", "none": "none", "any": "any", "required": "any", True: "any"}
 
 
 class CachedChatModel(BaseChatModel):
@@ -54,6 +70,9 @@ class CachedChatModel(BaseChatModel):
         store: the session tier's SQLAlchemy URL; None for the data directory's database.
         tenant: answers are never shared across tenants.
         streaming: accepted for LangChain compatibility; streaming always works.
+        tool_route_threshold: with tools bound and `tool_choice="auto"`, a question at least this
+            close in meaning to a tool (`ToolRouter`) is answered by a call of it; None leaves
+            every decision to the model (the bundled one then never calls).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
@@ -70,6 +89,8 @@ class CachedChatModel(BaseChatModel):
     store: str | None = None
     tenant: str = "default"
     streaming: bool = False
+    tool_route_threshold: float | None = ROUTE_THRESHOLD
+    _router: ToolRouter | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _build_engine(self) -> CachedChatModel:
@@ -123,13 +144,84 @@ class CachedChatModel(BaseChatModel):
         engine: ChatEngine = self.engine
         return engine.renderer.encode_text(text)
 
-    def bind_tools(self, tools: Sequence[Any], *, tool_choice: str | None = None, **kwargs: Any) -> Any:
-        """Not supported: raises NotImplementedError."""
-        raise NotImplementedError(_NO_TOOLS)
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: str | bool | dict[str, Any] | None = None,
+        parallel_tool_calls: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind LangChain tools, pydantic models, functions or OpenAI tool dicts.
 
-    def with_structured_output(self, schema: Any, *, include_raw: bool = False, **kwargs: Any) -> Any:
-        """Not supported: raises NotImplementedError."""
-        raise NotImplementedError(_NO_TOOLS)
+        Args:
+            tool_choice: "auto" (default: text or a call), "any"/"required"/True (a call), "none"
+                (text), a tool's name or `{"type": "function", "function": {"name": ...}}` (a call of it).
+            parallel_tool_calls: let one reply call several tools; by default one call a reply,
+                as a small model asked for one tends to repeat it.
+            strict: accepted for compatibility; calls always hold to their schemas. Without
+                `strict=False` an object takes no properties beyond those its schema lists.
+        """
+        formatted = [convert_to_openai_tool(tool, strict=strict is not False) for tool in tools]
+        if isinstance(tool_choice, dict):
+            tool_choice = tool_choice.get("function", {}).get("name") or tool_choice.get("type")
+        choice = _TOOL_CHOICES.get(tool_choice, tool_choice) if isinstance(tool_choice, (str, bool, type(None))) else tool_choice
+        names = [tool["function"]["name"] for tool in formatted]
+        if choice not in ("auto", "any", "none") and choice not in names:
+            raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; bound: {', '.join(names)}")
+        return super().bind(tools=formatted, tool_choice=choice, parallel_tool_calls=parallel_tool_calls, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type[Any] | None = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+        """Replies parsed into `schema` (a pydantic model, a TypedDict or a JSON schema).
+
+        Args:
+            method: "json_schema" (the reply is JSON held to the schema), "function_calling"
+                (the reply is a call of a tool whose arguments are the schema) or "json_mode"
+                (the reply is a JSON object; the schema only parses it).
+            include_raw: return `{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`.
+            strict: without `strict=False`, objects take no properties beyond their schema's.
+        """
+        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        if schema is None and method != "json_mode":
+            raise ValueError(f"method {method!r} needs a schema")
+        schema_given = schema is not None
+        schema = schema if schema is not None else {"type": "object"}
+        structured = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        parser: Runnable[Any, Any]
+        if method == "function_calling":
+            name = convert_to_openai_tool(schema)["function"]["name"]
+            llm = self.bind_tools([schema], tool_choice=name, strict=strict, ls_structured_output_format=structured, **kwargs)
+            parser = (
+                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+                if pydantic
+                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+            )
+        elif method in ("json_schema", "json_mode"):
+            if method == "json_schema" or schema_given:
+                # JSON mode promises an object only; held to the schema it was given too, the
+                # reply also parses into it (a small model leaves out keys the prompt asked for).
+                parameters = convert_to_openai_tool(schema, strict=method == "json_schema" and strict is not False)
+                response_format = {"type": "json_schema", "json_schema": {"schema": parameters["function"]["parameters"]}}
+            else:
+                response_format = {"type": "json_object"}
+            llm = self.bind(response_format=response_format, ls_structured_output_format=structured, **kwargs)
+            parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"Unknown method {method!r}: use json_schema, function_calling or json_mode")
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
 
     # -- the session id travels from the run config to the call --------------------------
 
@@ -162,14 +254,15 @@ class CachedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        reply_stream = self._start(messages, stop, kwargs)
+        reply_stream, calls_bound = self._start(messages, stop, kwargs)
         for piece in reply_stream:
             if run_manager:
                 run_manager.on_llm_new_token(piece)
         reply = reply_stream.reply
         text = reply.text if reply else ""
         usage, metadata = self._report(reply)
-        message = AIMessage(content=text, usage_metadata=usage, response_metadata=metadata)
+        fields = _tool_fields(text) if calls_bound else {"content": text}
+        message = AIMessage(usage_metadata=usage, response_metadata=metadata, **fields)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _stream(
@@ -179,39 +272,85 @@ class CachedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        reply_stream = self._start(messages, stop, kwargs)
+        reply_stream, calls_bound = self._start(messages, stop, kwargs)
+        held: list[str] | None = None  # a reply that may be a tool call is held until it ends
         try:
             for piece in reply_stream:
+                if held is None and calls_bound and (kwargs.get("tool_choice") != "auto" or piece.startswith(CALL_OPEN[0])):
+                    held = []
+                if held is not None:
+                    held.append(piece)
+                    continue
+                if calls_bound:
+                    calls_bound = False  # free text: a call cannot follow it
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                 if run_manager:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
         finally:
             reply_stream.close()  # a reader that stops early cancels the generation
+        if held is not None:
+            fields = _tool_fields("".join(held))
+            chunks = [
+                ToolCallChunk(name=call["name"], args=json.dumps(call["args"]), id=call["id"], index=index, type="tool_call_chunk")
+                for index, call in enumerate(fields.get("tool_calls", []))
+            ]
+            chunk = ChatGenerationChunk(
+                message=AIMessageChunk(
+                    content=fields["content"], tool_call_chunks=chunks, invalid_tool_calls=fields.get("invalid_tool_calls", [])
+                )
+            )
+            if run_manager:
+                run_manager.on_llm_new_token("", chunk=chunk)
+            yield chunk
         usage, metadata = self._report(reply_stream.reply)
         # Usage and metadata go on the last chunk only, so adding the chunks counts them once.
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")
         )
 
-    def _start(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ReplyStream:
+    def _start(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[ReplyStream, bool]:
+        """Start the engine on the call; also whether bound tools may make the reply a call."""
         conversation = to_chatcache(messages)
         engine: ChatEngine = self.engine
         generation: dict[str, Any] = {name: kwargs.get(name, getattr(self, name)) for name in _CALL_PARAMS}
         generation["max_new_tokens"] = generation.pop("max_tokens")
         generation["stop"] = stop if stop is not None else self.stop
+        tools = [_tool(spec) for spec in kwargs.get("tools") or []]
+        choice = kwargs.get("tool_choice") or "auto"
+        if tools and kwargs.get("response_format"):
+            raise ValueError("Bind tools or a response_format, not both: a reply is either a call or the structured answer.")
+        if tools and choice == "auto" and isinstance(messages[-1], HumanMessage):
+            choice = self._route(conversation[-1].content, tools, choice)
+        if tools:
+            budgeted = [Tool(t.name, t.description, within_budget(t.parameters, generation["max_new_tokens"])) for t in tools]
+            generation["reply_format"] = call_format(budgeted, choice, bool(kwargs.get("parallel_tool_calls")))
+            conversation = _with_tools(conversation, engine.system_prompt, tools)
+        elif kwargs.get("response_format"):
+            generation["reply_format"] = _reply_format(kwargs["response_format"], generation["max_new_tokens"])
         session_id = kwargs.get("session_id")
         turns = [m for m in conversation if m.role != "system"]
-        if session_id and not kwargs.get("history_managed") and len(turns) == 1:
+        if session_id and not tools and not kwargs.get("history_managed") and len(turns) == 1:
             systems = [m.content for m in conversation if m.role == "system"]
             if systems and systems != [engine.system_prompt]:
                 raise ValueError(
                     "With a session_id the engine keeps the conversation and its system prompt: set "
                     "CachedChatModel(system_prompt=...) instead of sending a different SystemMessage."
                 )
-            return engine.stream(str(session_id), turns[0].content, **generation)
+            return engine.stream(str(session_id), turns[0].content, **generation), False
         kv_key = f"lc-session:{session_id}" if session_id else None
-        return engine.complete(conversation, kv_key=kv_key, **generation)
+        return engine.complete(conversation, kv_key=kv_key, **generation), bool(tools) and choice != "none"
+
+    def _route(self, question: str, tools: list[Tool], choice: str) -> str:
+        """`choice`, or the tool the question is about when the router is on and finds one."""
+        if self.tool_route_threshold is None:
+            return choice
+        if self._router is None:
+            engine: ChatEngine = self.engine
+            embed = engine.embed or sentence_embed(load_embedder("bundled"))
+            self._router = ToolRouter(embed, self.tool_route_threshold)
+        called = self._router.called(question, tools)
+        return called[0].name if called else choice
 
     def _report(self, reply: Reply | None) -> tuple[UsageMetadata, dict[str, Any]]:
         """LangChain's usage metadata and our cache report (read by `CacheStatsHandler`)."""
@@ -249,3 +388,45 @@ def _with_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict
     if "message_history" in configurable:
         extra["history_managed"] = True  # RunnableWithMessageHistory sends the history it keeps
     return {**kwargs, **extra}
+
+
+def _tool(spec: dict[str, Any]) -> Tool:
+    function = spec["function"]
+    return Tool(function["name"], function.get("description", ""), function.get("parameters") or {"type": "object", "properties": {}})
+
+
+def _with_tools(conversation: list[Message], system_prompt: str | None, tools: list[Tool]) -> list[Message]:
+    """The conversation with the tools described at the end of its system message."""
+    if conversation[0].role == "system":
+        system, rest = conversation[0].content, conversation[1:]
+    else:
+        system, rest = system_prompt or "", conversation
+    return [Message("system", f"{system}\n\n{tools_prompt(tools)}".strip()), *rest]
+
+
+def _reply_format(response_format: dict[str, Any], max_tokens: int) -> ReplyFormat:
+    """OpenAI's `response_format` as the engine's reply format, its strings bounded to the budget."""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return ReplyFormat.json_schema(within_budget(_ANY_OBJECT, max_tokens))
+    if kind == "json_schema":
+        schema = response_format.get("json_schema", {}).get("schema")
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema needs {'json_schema': {'schema': {...}}}")
+        return ReplyFormat.json_schema(within_budget(schema, max_tokens))
+    raise ValueError(f"Unknown response_format type {kind!r}: use json_schema or json_object")
+
+
+def _tool_fields(text: str) -> dict[str, Any]:
+    """An AI message's content and tool calls, read from a reply that may call tools."""
+    try:
+        head, calls = parse_calls(text)
+    except ValueError as error:
+        invalid = InvalidToolCall(name=None, args=text, id=_call_id(), error=str(error), type="invalid_tool_call")
+        return {"content": text, "invalid_tool_calls": [invalid]}
+    tool_calls = [ToolCall(name=call.name, args=call.arguments, id=_call_id(), type="tool_call") for call in calls]
+    return {"content": head, "tool_calls": tool_calls}
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"

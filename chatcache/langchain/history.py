@@ -2,8 +2,10 @@
 
 Each message is a row of the session's messages in the `SessionStore` database (SQLite by
 default, any SQLAlchemy URL), so a `RunnableWithMessageHistory` chain continues a
-conversation across processes. Only text messages with the roles the session tier knows
-(system, human, AI) are kept; anything else is a `ValueError`, as for `CachedChatModel`.
+conversation across processes. What `CachedChatModel` takes is kept: text messages, AI
+messages' tool calls and tool results, each row holding the text the model reads and, in its
+meta, the LangChain message whole (ids, names, status), which is what reading gives back.
+Anything else is a `ValueError`, as for `CachedChatModel`.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, message_to_dict, messages_from_dict
 
 from storage import SessionStore, UnknownSessionError
 
-from .messages import role_of, text_of
+from .messages import model_text, role_of
 
 _MESSAGE = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
 
@@ -52,13 +54,18 @@ class SessionChatHistory(BaseChatMessageHistory):
             stored = self.store.messages(self.session_id)
         except UnknownSessionError:
             return []
-        return [_MESSAGE[m.role.value](content=m.content) for m in stored]
+        return [
+            messages_from_dict([m.meta["langchain"]])[0] if m.meta and "langchain" in m.meta else _MESSAGE[m.role.value](content=m.content)
+            for m in stored
+        ]
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        rows = [(role_of(m), text_of(m)) for m in messages]  # check them all before writing any
+        rows = [(role_of(m), model_text(m), message_to_dict(m)) for m in messages]  # check them all before writing any
         self.store.get_or_create_session(self.session_id, user_id=self.user_id, bot=self.bot)
-        for role, text in rows:
-            self.store.append_message(self.session_id, role, text, token_count=self._count_tokens(text))
+        for role, text, whole in rows:
+            self.store.append_message(
+                self.session_id, role, text, token_count=self._count_tokens(text), meta={"langchain": whole}
+            )
 
     def clear(self) -> None:
         try:

@@ -1,9 +1,11 @@
 """LangChain messages to chatcache messages, refusing what a local text-only chat model cannot take.
 
-Accepted: system, human and AI messages (and `ChatMessage` with one of those roles) whose
-content is text, either a string or a list of text blocks. Refused with a `ValueError` that
-names the type: tool and function messages, AI messages carrying tool calls, and content
-blocks that are not text (images, audio, files). Nothing is silently dropped.
+Accepted: system, human, AI and tool messages (and `ChatMessage` with a system, user or
+assistant role) whose content is text, either a string or a list of text blocks. An AI
+message's tool calls and a tool message's result are written in the tool format of
+`chatcache.model.tools` (results as user messages; several in a row as one). Refused with a
+`ValueError` that names the type: function messages and content blocks that are not text
+(images, audio, files). Nothing is silently dropped.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from langchain_core.messages import (
     ChatMessage,
     HumanMessage,
     SystemMessage,
+    ToolMessage,
 )
 
 from ..model.prompt import Message
+from ..model.tools import ToolCall, calls_text, result_text
 
 _CHAT_ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 _TEXT_BLOCKS = {"text"}
@@ -51,15 +55,27 @@ def role_of(message: BaseMessage) -> str:
     if isinstance(message, HumanMessage):
         return "user"
     if isinstance(message, AIMessage):
-        if message.tool_calls or message.invalid_tool_calls:
-            raise ValueError("CachedChatModel does not support tool calling: an AIMessage with tool_calls cannot be sent.")
         return "assistant"
+    if isinstance(message, ToolMessage):
+        return "user"  # the tool format's results are the user's side of the conversation
     if isinstance(message, ChatMessage) and message.role in _CHAT_ROLES:
         return _CHAT_ROLES[message.role]
     raise ValueError(
-        f"CachedChatModel cannot take a {type(message).__name__} (type {message.type!r}): only system, human "
-        "and AI text messages are supported (no tool calling)."
+        f"CachedChatModel cannot take a {type(message).__name__} (type {message.type!r}): only system, human, "
+        "AI and tool text messages are supported."
     )
+
+
+def model_text(message: BaseMessage) -> str:
+    """The text the model reads for `message`: its text, its tool calls, or its tool result."""
+    text = text_of(message)
+    if isinstance(message, ToolMessage):
+        return result_text(message.name, f"Error: {text}" if message.status == "error" and not text.startswith("Error") else text)
+    if isinstance(message, AIMessage) and message.tool_calls:
+        return text + calls_text([ToolCall(call["name"], dict(call["args"])) for call in message.tool_calls])
+    if isinstance(message, AIMessage) and message.invalid_tool_calls:
+        raise ValueError("An AIMessage with invalid_tool_calls cannot be sent: fix or drop the calls first.")
+    return text
 
 
 def to_chatcache(messages: Sequence[BaseMessage]) -> list[Message]:
@@ -67,13 +83,19 @@ def to_chatcache(messages: Sequence[BaseMessage]) -> list[Message]:
 
     Raises:
         ValueError: an empty list, a message type or content block the model cannot take, or a
-            last message that is not a human message.
+            last message that is neither a human nor a tool message.
     """
     if not messages:
         raise ValueError("CachedChatModel got an empty message list: send at least one HumanMessage.")
-    converted = [Message(role_of(m), text_of(m)) for m in messages]
+    converted: list[Message] = []
+    for index, message in enumerate(messages):
+        content = model_text(message)
+        if isinstance(message, ToolMessage) and index and isinstance(messages[index - 1], ToolMessage):
+            converted[-1] = Message("user", f"{converted[-1].content}\n{content}")  # results of one reply's calls
+        else:
+            converted.append(Message(role_of(message), content))
     if converted[-1].role != "user":
-        raise ValueError(f"The last message must be a HumanMessage, got a {type(messages[-1]).__name__}.")
+        raise ValueError(f"The last message must be a HumanMessage or a ToolMessage, got a {type(messages[-1]).__name__}.")
     if not converted[-1].content.strip():
         raise ValueError("The last HumanMessage is empty: type something to send.")
     return converted

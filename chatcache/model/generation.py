@@ -3,7 +3,8 @@
 Written out instead of calling `model.generate` so each token can be streamed, its entropy
 measured (the answer cache refuses uncertain answers) and the loop stopped at once when the
 reader stops reading. After the loop the cache holds every fed token: the prompt and all
-generated tokens but the last, which was picked and never fed.
+generated tokens but the last, which was picked and never fed. A reply format's matcher, when
+the reply has one, masks the logits before each pick (`next_token`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..config import GenerationConfig
+from .reply_format import FormatMatcher
 
 _LN2 = math.log(2.0)
 REPEAT_WINDOW = 64  # the reply's last tokens a repetition penalty looks at (llama.cpp's repeat_last_n)
@@ -43,8 +45,36 @@ def prefill(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> None
 
 
 def entropy_bits(logits: torch.Tensor) -> float:
-    log_probs = torch.log_softmax(logits, dim=-1)
-    return float(-(log_probs.exp() * log_probs).sum()) / _LN2
+    """Entropy of the distribution the logits give; tokens masked to -inf count as impossible."""
+    probs = torch.softmax(logits, dim=-1)
+    return float(-torch.xlogy(probs, probs).sum()) / _LN2
+
+
+def masked(logits: torch.Tensor, allowed: bytes) -> torch.Tensor:
+    """`logits` with every token not `allowed` (one byte per vocabulary entry, 0 for no) at -inf;
+    entries past the vocabulary's end (padding rows of the output layer) too."""
+    keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    known = min(len(allowed), logits.shape[-1])
+    keep[:known] = torch.frombuffer(bytearray(allowed[:known]), dtype=torch.uint8).bool()
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def next_token(
+    logits: torch.Tensor,
+    params: GenerationConfig,
+    rng: torch.Generator | None,
+    recent: deque[int],
+    matcher: FormatMatcher | None,
+) -> GeneratedToken:
+    """Pick the next token (within the reply format, if there is one) and note it in `recent`
+    and the matcher; its entropy is that of the distribution it was picked from."""
+    if matcher is not None:
+        logits = masked(logits, matcher.allowed())
+    token = pick(logits, params, rng, recent)
+    if matcher is not None:
+        matcher.accept(token)
+    recent.append(token)
+    return GeneratedToken(token, entropy_bits(logits))
 
 
 def pick(logits: torch.Tensor, params: GenerationConfig, rng: torch.Generator | None, recent: Sequence[int] = ()) -> int:
@@ -72,6 +102,7 @@ def generate_tokens(
     new_ids: list[int],
     params: GenerationConfig,
     eos_ids: set[int],
+    matcher: FormatMatcher | None = None,
 ) -> Iterator[GeneratedToken]:
     """Yield tokens until an end-of-turn token or `max_new_tokens`; the caller may stop earlier.
 
@@ -81,6 +112,7 @@ def generate_tokens(
         new_ids: the prompt tokens not yet in `cache` (at least one).
         params: decoding settings.
         eos_ids: tokens that end the reply (yielded, never fed).
+        matcher: the reply format's matcher, if the reply has one.
     """
     if not new_ids:
         raise ValueError("at least one prompt token must be left to prefill")
@@ -88,9 +120,8 @@ def generate_tokens(
     recent: deque[int] = deque(maxlen=REPEAT_WINDOW)
     logits = forward(model, new_ids, cache)
     for step in range(params.max_new_tokens):
-        token = pick(logits, params, rng, recent)
-        recent.append(token)
-        yield GeneratedToken(token, entropy_bits(logits))
-        if token in eos_ids or step + 1 == params.max_new_tokens:
+        generated = next_token(logits, params, rng, recent, matcher)
+        yield generated
+        if generated.token_id in eos_ids or step + 1 == params.max_new_tokens:
             return
-        logits = forward(model, [token], cache)
+        logits = forward(model, [generated.token_id], cache)

@@ -35,7 +35,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionTokenLogprob
 
 from ..config import GenerationConfig
-from ..errors import ModelNotFoundError, RemoteModelError
+from ..errors import ConfigError, ModelNotFoundError, RemoteModelError
 from ..reply import TurnStats
 from .plain_text import PlainText
 from .prompt import Message, Prompt
@@ -217,8 +217,19 @@ class RemoteRunner:
             {"role": m.role, "content": self.plain_text.defused(m.content)}  # type: ignore[misc]
             for m in prompt.messages
         ]
+        reply_format = params.reply_format
+        if reply_format is not None and reply_format.schema is None:
+            raise ConfigError(
+                f"A remote model takes a reply format as a JSON schema only (OpenAI's response_format), not {reply_format.kind}."
+            )
+        formatted: dict[str, Any] = (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": reply_format.schema}}}
+            if reply_format is not None
+            else {}
+        )
         try:
-            return self.model.client.chat.completions.create(
+            response: openai.Stream[ChatCompletionChunk] = self.model.client.chat.completions.create(
+                **formatted,
                 model=self.model.name,
                 messages=messages,
                 stream=True,
@@ -241,6 +252,7 @@ class RemoteRunner:
                 },
                 extra_headers={"X-Session-Id": key},
             )
+            return response
         except openai.APIError as exc:
             raise _remote_error(self.model.url, exc) from None
 

@@ -23,6 +23,7 @@ from ..config import GenerationConfig
 from .generation import GeneratedToken, generate_tokens
 from .loading import ChatModel
 from .prompt import Message, Prompt
+from .reply_format import ReplyFormats
 from ..reply import TurnStats
 from .scheduler import Request
 from .text_stream import TextStream
@@ -59,12 +60,14 @@ class ModelRunner:
         self.token_tier = token_tier
         self.system_ids = system_ids
         self.eos_ids = eos_token_ids(chat_model)
+        self.reply_formats = ReplyFormats(chat_model.tokenizer, self.eos_ids)
 
     def _start(self, cache: DynamicCache, new_ids: list[int], params: GenerationConfig) -> Request | Iterator[GeneratedToken]:
         """The reply's tokens: a scheduled request, or for an unbatchable cache the plain decoding loop."""
+        matcher = self.reply_formats.matcher(params.reply_format) if params.reply_format is not None else None
         if kv.is_croppable(cache):
-            return self.chat_model.scheduler.submit(cache, new_ids, params, self.eos_ids)
-        return generate_tokens(self.chat_model.model, cache, new_ids, params, self.eos_ids)
+            return self.chat_model.scheduler.submit(cache, new_ids, params, self.eos_ids, matcher)
+        return generate_tokens(self.chat_model.model, cache, new_ids, params, self.eos_ids, matcher)
 
     @staticmethod
     def _stop(tokens: Request | Iterator[GeneratedToken], cache: DynamicCache) -> DynamicCache:

@@ -36,7 +36,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .batch_kv import BatchKV
 from ..config import GenerationConfig
-from .generation import REPEAT_WINDOW, GeneratedToken, entropy_bits, forward, pick
+from .generation import REPEAT_WINDOW, GeneratedToken, forward, next_token
+from .reply_format import FormatError, FormatMatcher
 
 PREFILL_CHUNK = 512  # prompt tokens one step prefills of one arriving request
 MAX_BATCH = 32  # requests decoded at once; more wait for a row
@@ -52,6 +53,7 @@ class Request:
     pending: list[int]
     params: GenerationConfig
     eos_ids: frozenset[int]
+    matcher: FormatMatcher | None = None  # the reply format's, if the reply has one
     tokens: queue.SimpleQueue[GeneratedToken | BaseException | None] = field(default_factory=queue.SimpleQueue)
     generated: int = 0
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=REPEAT_WINDOW))  # for the repetition penalty
@@ -138,12 +140,20 @@ class Scheduler:
         self._worker = threading.Thread(target=self._work, name="chatcache-model", daemon=True)
         self._worker.start()
 
-    def submit(self, cache: DynamicCache, new_ids: list[int], params: GenerationConfig, eos_ids: set[int]) -> Request:
-        """Queue a reply on `cache` after the prompt tokens `new_ids` (at least one)."""
+    def submit(
+        self,
+        cache: DynamicCache,
+        new_ids: list[int],
+        params: GenerationConfig,
+        eos_ids: set[int],
+        matcher: FormatMatcher | None = None,
+    ) -> Request:
+        """Queue a reply on `cache` after the prompt tokens `new_ids` (at least one), within the
+        reply format `matcher` follows, if any."""
         if not new_ids:
             raise ValueError("at least one prompt token must be left to prefill")
         rng = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        request = Request(cache, list(new_ids), params, frozenset(eos_ids), rng=rng)
+        request = Request(cache, list(new_ids), params, frozenset(eos_ids), matcher, rng=rng)
         with self._wake:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
@@ -232,12 +242,16 @@ class Scheduler:
 
     def _emit(self, request: Request, logits: torch.Tensor) -> bool:
         """Pick and hand over the request's next token; True when that token ends the reply."""
-        token = pick(logits, request.params, request.rng, request.recent)
-        request.recent.append(token)
-        request.tokens.put(GeneratedToken(token, entropy_bits(logits)))
+        try:
+            generated = next_token(logits, request.params, request.rng, request.recent, request.matcher)
+        except FormatError as error:  # this reply's fault alone: the others go on
+            log.exception("reply format broken")
+            request.tokens.put(error)
+            return True
+        request.tokens.put(generated)
         request.generated += 1
-        request.next_id = token
-        return token in request.eos_ids or request.generated >= request.params.max_new_tokens
+        request.next_id = generated.token_id
+        return generated.token_id in request.eos_ids or request.generated >= request.params.max_new_tokens
 
     def _leave(self, row: int) -> None:
         request = self._running[row]

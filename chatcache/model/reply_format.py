@@ -1,0 +1,190 @@
+"""Reply formats: a JSON schema, a Lark grammar or a regular expression a reply must follow.
+
+A small model cannot be trusted to write valid JSON, but any model can be made to: at each
+step the decoder lets through only the tokens that keep the reply inside the format
+(`FormatMatcher`, used by `generation.next_token`), so every reply that ends by itself parses.
+The grammar engine is llguidance (PyPI `llguidance`): a Rust library with no dependencies,
+the one vLLM, SGLang and llama.cpp use, that computes a token mask in well under a millisecond
+on a 49k vocabulary and reads JSON schemas, Lark and regexes directly. Compared before choosing:
+xgrammar needs triton (hundreds of MB, GPU-only) on Linux; outlines-core compiles a whole
+automaton per schema up front; lm-format-enforcer is pure Python and walks the vocabulary on
+every token.
+
+A reply cut short (`max_new_tokens`, a stop string, a cancelled reader) is cut mid-format, as
+any reply would be: its finish reason says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import llguidance
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+FormatKind = Literal["json_schema", "lark", "regex"]
+
+# JSON laid out as `json.dumps` writes it, one way only: with free whitespace a small model
+# spends its tokens on blank lines (measured on the bundled model: "\n\n,\n\n" between
+# every pair). A schema's own "x-guidance" options still take precedence.
+JSON_LAYOUT: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class ReplyFormat:
+    """What a reply must look like. Build one with `json_schema`, `json_object`, `lark` or `regex`.
+
+    Attributes:
+        kind: how `source` is read.
+        source: the schema (as canonical JSON), the Lark grammar or the regex.
+    """
+
+    kind: FormatKind
+    source: str
+
+    def __post_init__(self) -> None:
+        error = llguidance.LLMatcher.validate_grammar(self.grammar())
+        if error:
+            raise ConfigError(f"The reply format ({self.kind}) is not valid: {error}")
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any]) -> ReplyFormat:
+        """JSON that validates against `schema` (a JSON Schema as a dict)."""
+        if not isinstance(schema, Mapping):
+            raise ConfigError(f"A JSON schema is a dict, got {type(schema).__name__}")
+        try:
+            source = json.dumps(schema, ensure_ascii=False)  # key order kept: properties come in it
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"The JSON schema cannot be written as JSON: {error}") from error
+        return cls("json_schema", source)
+
+    @classmethod
+    def json_object(cls) -> ReplyFormat:
+        """Any JSON object (OpenAI's JSON mode)."""
+        return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def lark(cls, grammar: str) -> ReplyFormat:
+        """Text that the Lark grammar `grammar` derives from its `start` rule (llguidance's Lark,
+        which also takes `%json {schema}` for a JSON part)."""
+        return cls("lark", grammar)
+
+    @classmethod
+    def regex(cls, pattern: str) -> ReplyFormat:
+        """Text that the regular expression `pattern` matches whole."""
+        return cls("regex", pattern)
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema, for a `json_schema` format."""
+        return json.loads(self.source) if self.kind == "json_schema" else None
+
+    @property
+    def key(self) -> str:
+        """Names the format in cache keys: an answer made in one format is never served in another."""
+        return hashlib.sha256(f"{self.kind}\0{self.source}".encode()).hexdigest()[:16]
+
+    def grammar(self) -> str:
+        """The format as llguidance's grammar."""
+        if self.kind == "json_schema":
+            return str(llguidance.LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_LAYOUT))
+        if self.kind == "lark":
+            return str(llguidance.LLMatcher.grammar_from_lark(self.source))
+        return str(llguidance.LLMatcher.grammar_from_regex(self.source))
+
+
+class FormatError(RuntimeError):
+    """The decoder left a reply format (a defect: the mask allows only tokens that stay in it)."""
+
+
+class FormatMatcher:
+    """Where one reply stands in its format: which tokens may come next, and what came."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, reply_format: ReplyFormat) -> None:
+        self._matcher = llguidance.LLMatcher(tokenizer, reply_format.grammar())
+        if self._matcher.is_error():
+            raise ConfigError(f"The reply format ({reply_format.kind}) is not valid: {self._matcher.get_error()}")
+
+    def allowed(self) -> bytes:
+        """One byte per vocabulary entry: nonzero where that token may come next."""
+        return self._matcher.compute_logit_bias()
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise FormatError(f"token {token} left the reply format: {self._matcher.get_error()}")
+
+
+class ReplyFormats:
+    """Builds `FormatMatcher`s on one tokenizer (its llguidance twin is built once, on first use:
+    about a second)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_ids: set[int]) -> None:
+        self._tokenizer = tokenizer
+        self._eos_ids = sorted(eos_ids)
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    def matcher(self, reply_format: ReplyFormat) -> FormatMatcher:
+        import llguidance.hf  # imports transformers, which `GenerationConfig`'s users need not load
+        from transformers import PreTrainedTokenizerFast
+
+        with self._lock:
+            if self._ll_tokenizer is None:
+                if not isinstance(self._tokenizer, PreTrainedTokenizerFast):
+                    raise ConfigError(
+                        f"Reply formats need a fast (Rust) tokenizer; this model's is a {type(self._tokenizer).__name__}."
+                    )
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(self._tokenizer, eos_token=self._eos_ids)
+        return FormatMatcher(self._ll_tokenizer, reply_format)
+
+
+CHARS_PER_TOKEN = 2  # a low estimate for text in JSON strings, so that a bounded reply fits
+MIN_STRING_CHARS = 8
+
+
+def within_budget(schema: Mapping[str, Any], max_new_tokens: int) -> dict[str, Any]:
+    """`schema` with a `maxLength` on each free string, so that a reply in it can close within
+    `max_new_tokens` tokens.
+
+    Why: a small model under greedy decoding loops inside a JSON string ("a cat is a cat, a cat
+    is a cat, ...") until its budget ends, leaving JSON that does not parse. Each string the
+    schema leaves unbounded (no `maxLength`, `enum`, `const`, `pattern` or `format`) gets an
+    equal share of the characters the budget leaves after the keys, at least
+    `MIN_STRING_CHARS`. Every reply the bounded schema allows still validates against `schema`.
+    """
+    bounded = json.loads(json.dumps(schema))
+    free: list[dict[str, Any]] = []
+    key_chars = 0
+
+    def walk(node: Any) -> None:
+        nonlocal key_chars
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        kinds = node.get("type")
+        if (kinds == "string" or (isinstance(kinds, list) and "string" in kinds)) and not (
+            {"maxLength", "enum", "const", "pattern", "format"} & node.keys()
+        ):
+            free.append(node)
+        for name in node.get("properties", {}) if isinstance(node.get("properties"), dict) else {}:
+            key_chars += len(name) + 6  # quotes, ": ", ", "
+        for value in node.values():
+            walk(value)
+
+    walk(bounded)
+    if free:
+        share = max(MIN_STRING_CHARS, (max_new_tokens * CHARS_PER_TOKEN - key_chars) // len(free))
+        for node in free:
+            node["maxLength"] = share
+    return bounded  # type: ignore[no-any-return]
