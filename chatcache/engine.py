@@ -16,6 +16,7 @@ was said.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -93,6 +94,11 @@ def _generation(
         repetition_penalty=repetition_penalty,
         reply_format=reply_format,
     )
+
+
+def _word_pieces(text: str) -> list[str]:
+    """`text` as stream pieces: each word with the whitespace before it (they join back to `text`)."""
+    return re.findall(r"\s*\S+|\s+$", text) or [text]
 
 
 @dataclass
@@ -686,7 +692,7 @@ class ChatEngine:
             self._record_user(conversation, turn)  # served even when the model is saturated: it costs no model time
             stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
             stats.ttft_s = time.perf_counter() - turn.started
-            yield hit.answer
+            yield from _word_pieces(hit.answer)  # streamed as a generated answer would be, for UIs and callbacks
             turn.reply = Message("assistant", hit.answer)
             self.answers.maybe_audit(hit, params, lambda: self._plan(conversation, turn))
         else:

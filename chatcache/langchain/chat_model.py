@@ -45,7 +45,8 @@ from ..engine import ChatEngine
 from ..model.prompt import Message
 from ..model.reply_format import ReplyFormat, within_budget
 from ..model.loading import load_embedder
-from ..model.tools import CALL_OPEN, Tool, call_format, parse_calls, tools_prompt
+from ..model.tools import CALL_OPEN, Tool, call_format, calls_text, parse_calls, tools_prompt
+from ..model.tools import ToolCall as TextToolCall
 from ..steering.hcac import sentence_embed
 from ..steering.tool_router import ROUTE_THRESHOLD, ToolRouter
 from ..reply import Reply, ReplyStream
@@ -323,7 +324,10 @@ class CachedChatModel(BaseChatModel):
         if tools and choice == "auto" and isinstance(messages[-1], HumanMessage):
             choice = self._route(conversation[-1].content, tools, choice)
         if tools:
-            budgeted = [Tool(t.name, t.description, within_budget(t.parameters, generation["max_new_tokens"])) for t in tools]
+            budgeted = [
+                Tool(t.name, t.description, within_budget(t.parameters, generation["max_new_tokens"], _wrapper_tokens(engine, t)))
+                for t in tools
+            ]
             generation["reply_format"] = call_format(budgeted, choice, bool(kwargs.get("parallel_tool_calls")))
             conversation = _with_tools(conversation, engine.system_prompt, tools)
         elif kwargs.get("response_format"):
@@ -393,6 +397,11 @@ def _with_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict
 def _tool(spec: dict[str, Any]) -> Tool:
     function = spec["function"]
     return Tool(function["name"], function.get("description", ""), function.get("parameters") or {"type": "object", "properties": {}})
+
+
+def _wrapper_tokens(engine: ChatEngine, tool: Tool) -> int:
+    """The tokens a call of `tool` takes besides its arguments' values."""
+    return len(engine.renderer.encode_text(calls_text([TextToolCall(tool.name, {})])))
 
 
 def _with_tools(conversation: list[Message], system_prompt: str | None, tools: list[Tool]) -> list[Message]:

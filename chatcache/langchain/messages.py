@@ -27,10 +27,14 @@ from ..model.tools import ToolCall, calls_text, result_text
 
 _CHAT_ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 _TEXT_BLOCKS = {"text"}
+_CALL_BLOCKS = {"tool_use", "tool_call", "function_call"}
 
 
 def text_of(message: BaseMessage) -> str:
-    """The text of a message's content; a non-text block is a ValueError naming its type."""
+    """The text of a message's content; a non-text block is a ValueError naming its type.
+
+    An AI message's tool-call blocks (Anthropic's `tool_use`, LangChain's `tool_call`) are
+    left out: the same calls are its `tool_calls`, which `model_text` writes."""
     content: Any = message.content
     if isinstance(content, str):
         return content
@@ -40,6 +44,8 @@ def text_of(message: BaseMessage) -> str:
             parts.append(block)
         elif isinstance(block, dict) and block.get("type") in _TEXT_BLOCKS:
             parts.append(str(block.get("text", "")))
+        elif isinstance(message, AIMessage) and message.tool_calls and isinstance(block, dict) and block.get("type") in _CALL_BLOCKS:
+            continue
         else:
             kind = block.get("type", "untyped") if isinstance(block, dict) else type(block).__name__
             raise ValueError(

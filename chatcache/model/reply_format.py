@@ -148,17 +148,21 @@ class ReplyFormats:
 
 CHARS_PER_TOKEN = 2  # a low estimate for text in JSON strings, so that a bounded reply fits
 MIN_STRING_CHARS = 8
+SAFE_INTEGER = 2**53 - 1
 
 
-def within_budget(schema: Mapping[str, Any], max_new_tokens: int) -> dict[str, Any]:
+def within_budget(schema: Mapping[str, Any], max_new_tokens: int, reserved_tokens: int = 0) -> dict[str, Any]:
     """`schema` with a `maxLength` on each free string, so that a reply in it can close within
-    `max_new_tokens` tokens.
+    `max_new_tokens` tokens, `reserved_tokens` of which go to text around the JSON (a tool call's
+    wrapper).
 
     Why: a small model under greedy decoding loops inside a JSON string ("a cat is a cat, a cat
     is a cat, ...") until its budget ends, leaving JSON that does not parse. Each string the
     schema leaves unbounded (no `maxLength`, `enum`, `const`, `pattern` or `format`) gets an
     equal share of the characters the budget leaves after the keys, at least
-    `MIN_STRING_CHARS`. Every reply the bounded schema allows still validates against `schema`.
+    `MIN_STRING_CHARS`; each unbounded integer keeps to the range every JSON reader holds
+    exactly (|n| < 2**53), so its digits cannot run on either. Every reply the bounded schema
+    allows still validates against `schema`.
     """
     bounded = json.loads(json.dumps(schema))
     free: list[dict[str, Any]] = []
@@ -173,10 +177,12 @@ def within_budget(schema: Mapping[str, Any], max_new_tokens: int) -> dict[str, A
         if not isinstance(node, dict):
             return
         kinds = node.get("type")
-        if (kinds == "string" or (isinstance(kinds, list) and "string" in kinds)) and not (
-            {"maxLength", "enum", "const", "pattern", "format"} & node.keys()
-        ):
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if "string" in kinds and not ({"maxLength", "enum", "const", "pattern", "format"} & node.keys()):
             free.append(node)
+        if "integer" in kinds and not ({"enum", "const"} & node.keys()):
+            node.setdefault("minimum", -SAFE_INTEGER)
+            node.setdefault("maximum", SAFE_INTEGER)
         for name in node.get("properties", {}) if isinstance(node.get("properties"), dict) else {}:
             key_chars += len(name) + 6  # quotes, ": ", ", "
         for value in node.values():
@@ -184,7 +190,7 @@ def within_budget(schema: Mapping[str, Any], max_new_tokens: int) -> dict[str, A
 
     walk(bounded)
     if free:
-        share = max(MIN_STRING_CHARS, (max_new_tokens * CHARS_PER_TOKEN - key_chars) // len(free))
+        share = max(MIN_STRING_CHARS, ((max_new_tokens - reserved_tokens) * CHARS_PER_TOKEN - key_chars) // len(free))
         for node in free:
             node["maxLength"] = share
     return bounded  # type: ignore[no-any-return]

@@ -120,6 +120,8 @@ def parse_calls(text: str) -> tuple[str, list[ToolCall]]:
             reply cut short by its token budget).
     """
     head, opened, rest = text.partition(CALL_OPEN)
+    if not opened and text.strip() and CALL_OPEN.startswith(text.strip()):
+        raise ValueError(f"The model's tool call is cut short: {text!r}")
     if not opened:
         return text, []
     body, closed, _ = rest.partition(CALL_CLOSE)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, FunctionMessage, HumanMessage, SystemMessage
 
 from chatcache.langchain import CachedChatModel, SemanticCache
 
@@ -87,11 +88,14 @@ async def test_async_and_batch_match_sync(lc_model) -> None:  # type: ignore[no-
     ("messages", "named"),
     [
         ([], "empty message list"),
-        ([HumanMessage("hi"), ToolMessage("42", tool_call_id="t1")], "ToolMessage"),
+        ([HumanMessage("hi"), FunctionMessage("42", name="f")], "FunctionMessage"),
         ([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])], "'image_url'"),
         ([HumanMessage(content=[{"type": "image", "base64": "AAAA", "mime_type": "image/png"}])], "'image'"),
-        ([HumanMessage("hi"), AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "1"}])], "tool_calls"),
-        ([HumanMessage("hi"), AIMessage("hello")], "last message must be a HumanMessage"),
+        (
+            [HumanMessage("hi"), AIMessage("", invalid_tool_calls=[{"name": "f", "args": "{", "id": "1", "error": "cut"}])],
+            "invalid_tool_calls",
+        ),
+        ([HumanMessage("hi"), AIMessage("hello")], "last message must be a HumanMessage or a ToolMessage"),
         ([HumanMessage("   ")], "empty"),
     ],
 )
@@ -104,14 +108,6 @@ def test_bad_input_is_refused_and_nothing_is_cached(lc_model, toy_embed, tmp_pat
     assert model.engine.kv_stats().sessions_in_memory == 0
 
 
-def test_tools_and_structured_output_are_declared_unsupported(lc_model) -> None:  # type: ignore[no-untyped-def]
-    model = lc_model()
-    with pytest.raises(NotImplementedError, match="tool calling"):
-        model.bind_tools([])
-    with pytest.raises(NotImplementedError, match="structured output"):
-        model.with_structured_output({"type": "object"})
-
-
 @pytest.mark.bundled
 def test_answer_cache_serves_a_repeated_question_without_the_model(bundled_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
     model = CachedChatModel(engine=make_engine(bundled_model, answer_cache=True, embedder=toy_embed), max_tokens=24)
@@ -121,6 +117,20 @@ def test_answer_cache_serves_a_repeated_question_without_the_model(bundled_model
     again = model.invoke(messages)
     assert again.response_metadata["answer_cache_hit"] and again.response_metadata["tier"] == "answer"
     assert again.content == first.content and again.usage_metadata["input_tokens"] == 0
+    # A hit streams as a generated answer does: several chunks, each through the callbacks.
+    handler = _Tokens()
+    chunks = list(model.stream(messages, config={"callbacks": [handler]}))
+    texts = [chunk.content for chunk in chunks if chunk.content]
+    assert len(texts) > 1 and "".join(texts) == first.content and [t for t in handler.tokens if t] == texts
+    assert chunks[-1].response_metadata["answer_cache_hit"]
+
+
+class _Tokens(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: object) -> None:
+        self.tokens.append(token)
 
 
 @pytest.mark.parametrize("text", ["hi\ud800", "hi\x00there"], ids=["lone surrogate", "NUL"])

@@ -1,0 +1,223 @@
+"""Tool calling and structured output on the tiny model, whose random weights write noise:
+every call and every object that comes back well-formed does so because the decoder holds the
+reply to its schema."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, Optional
+
+import jsonschema
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from chatcache.langchain import CachedChatModel, SessionChatHistory
+from chatcache.model.loading import load_embedder
+from chatcache.model.reply_format import FormatError, ReplyFormats
+from chatcache.steering.hcac import sentence_embed
+from chatcache.steering.tool_router import ToolRouter
+from chatcache.model.tools import Tool, ToolCall, call_format, calls_text, parse_calls
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def tiny_model(build_tiny, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The tiny model with room for the tools prompt (its 400-token vocabulary spells it long)."""
+    from chatcache import load_chat_model
+
+    return load_chat_model(str(build_tiny(tmp_path_factory.mktemp("tiny-wide"), max_positions=4096)), device="cpu")
+
+
+@tool
+def get_weather(location: Literal["Oslo", "Rome", "Lima"], days: int) -> str:
+    """Get the weather forecast at a location for a number of days."""
+    return "sunny"
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+# Strings are bounded here: the random model's byte soup takes a token or more a character, so
+# the budget's own bound (`within_budget`, sized for text) would not fit it.
+class Person(BaseModel):
+    """A person."""
+
+    name: str = Field(description="their name", max_length=12)
+    age: int
+    nickname: Optional[str] = Field(default=None, max_length=8)  # noqa: UP045 - the Optional form is what LangChain users write
+
+
+class PersonDict(TypedDict):
+    name: Literal["Ada", "Bob"]
+    age: int
+
+
+def _args_schema(named: object) -> dict:
+    return named.tool_call_schema.model_json_schema()  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.mark.parametrize("choice", ["any", "get_weather", "add", True, {"type": "function", "function": {"name": "add"}}])
+def test_forced_calls_are_well_formed_calls_of_the_chosen_tools(lc_model, choice) -> None:  # type: ignore[no-untyped-def]
+    model = lc_model(max_tokens=200).bind_tools([get_weather, add], tool_choice=choice)
+    for question in ["What's the weather in Oslo for 3 days?", "What is 2 + 40?", "Hello"]:
+        reply = model.invoke(question)
+        assert len(reply.tool_calls) == 1 and not reply.invalid_tool_calls, reply
+        call = reply.tool_calls[0]
+        allowed = {"get_weather", "add"} if choice in ("any", True) else {"add" if isinstance(choice, dict) else choice}
+        assert call["name"] in allowed and call["id"].startswith("call_")
+        jsonschema.validate(call["args"], _args_schema({"get_weather": get_weather, "add": add}[call["name"]]))
+
+
+def test_parallel_calls_are_allowed_on_request_only(lc_model) -> None:  # type: ignore[no-untyped-def]
+    single = lc_model(max_tokens=200).bind_tools([add], tool_choice="any")
+    assert {len(single.invoke(f"add {n} and {n}").tool_calls) for n in range(3)} == {1}
+    tokenizer = lc_model().engine.chat_model.tokenizer
+    formats = ReplyFormats(tokenizer, {tokenizer.eos_token_id})
+    two_calls = tokenizer.encode(calls_text([ToolCall("add", {"a": 1, "b": 2}), ToolCall("add", {"a": 3, "b": 4})]))
+    tools = [Tool("add", "Add two integers.", _args_schema(add))]
+    for parallel, allowed in ((True, True), (False, False)):
+        matcher = formats.matcher(call_format(tools, "any", parallel))
+        try:
+            for token in two_calls:
+                matcher.accept(token)
+        except FormatError:
+            assert not allowed
+        else:
+            assert allowed
+
+
+def test_stream_gives_tool_call_chunks_that_add_up_to_the_invoke_calls(lc_model) -> None:  # type: ignore[no-untyped-def]
+    model = lc_model(max_tokens=200).bind_tools([get_weather], tool_choice="any")
+    invoked = model.invoke("Weather in Rome?")
+    full: AIMessageChunk | None = None
+    for chunk in model.stream("Weather in Rome?"):
+        full = chunk if full is None else full + chunk
+    assert full is not None and full.tool_call_chunks
+    assert [(c["name"], c["args"]) for c in full.tool_calls] == [(c["name"], c["args"]) for c in invoked.tool_calls]
+
+
+def test_none_and_auto_leave_text_replies_as_text(lc_model) -> None:  # type: ignore[no-untyped-def]
+    none = lc_model(max_tokens=16).bind_tools([add], tool_choice="none").invoke("Tell me a story")
+    assert none.content and not none.tool_calls and not none.invalid_tool_calls
+    routed_off = lc_model(max_tokens=16, tool_route_threshold=None).bind_tools([add]).invoke("Tell me a story")
+    assert not routed_off.tool_calls and not routed_off.invalid_tool_calls
+
+
+def test_an_unknown_tool_choice_is_refused(lc_model) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="names no bound tool"):
+        lc_model().bind_tools([add], tool_choice="subtract")
+
+
+def test_a_call_cut_by_the_budget_is_an_invalid_call_not_an_error(lc_model) -> None:  # type: ignore[no-untyped-def]
+    reply = lc_model(max_tokens=4).bind_tools([add], tool_choice="any").invoke("add 1 and 2")
+    assert not reply.tool_calls and reply.invalid_tool_calls and reply.response_metadata["finish_reason"] == "length"
+
+
+def test_agent_history_with_calls_and_results_renders_in_the_tool_format(lc_model) -> None:  # type: ignore[no-untyped-def]
+    model = lc_model(max_tokens=200)
+    bound = model.bind_tools([add], tool_choice="any")
+    question = HumanMessage("What is 1 + 2?")
+    called = bound.invoke([question])
+    result = ToolMessage("3", tool_call_id=called.tool_calls[0]["id"], name="add")
+    final = model.bind_tools([add], tool_choice="none").invoke([question, called, result])
+    assert isinstance(final, AIMessage) and not final.tool_calls
+    # The call goes back to the model as the text it generated, so the token tier reuses its KV.
+    again = bound.invoke([question, called, result, AIMessage("3"), HumanMessage("And 2 + 2?")])
+    assert again.usage_metadata["input_token_details"]["cache_read"] > 0
+    assert again.tool_calls
+
+
+def test_tool_format_round_trips() -> None:
+    calls = [ToolCall("add", {"a": 1, "b": 2}), ToolCall("get_weather", {"location": "Zürich", "days": 2})]
+    assert parse_calls("Sure. " + calls_text(calls)) == ("Sure. ", calls)
+    assert parse_calls("no calls here") == ("no calls here", [])
+    with pytest.raises(ValueError, match="cut short"):
+        parse_calls('<tool_call>[{"name": "add", "arguments": {"a": 1')
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+@pytest.mark.parametrize("schema", [Person, PersonDict, Person.model_json_schema()], ids=["pydantic", "typeddict", "json"])
+def test_structured_output_parses_into_the_schema(lc_model, method, schema) -> None:  # type: ignore[no-untyped-def]
+    structured = lc_model(max_tokens=200).with_structured_output(schema, method=method)
+    for question in ["Tell me about Ada", "Who is Bob?"]:
+        result = structured.invoke(question)
+        if schema is Person:
+            assert isinstance(result, Person)
+        else:
+            assert {"name", "age"} <= set(result)
+
+
+def test_include_raw_keeps_the_message_and_any_parsing_error(lc_model) -> None:  # type: ignore[no-untyped-def]
+    good = lc_model(max_tokens=200).with_structured_output(Person, include_raw=True).invoke("Ada?")
+    assert isinstance(good["raw"], AIMessage) and isinstance(good["parsed"], Person) and good["parsing_error"] is None
+    cut = lc_model(max_tokens=3).with_structured_output(Person, include_raw=True).invoke("Ada?")
+    assert cut["parsed"] is None and cut["parsing_error"] is not None
+
+
+def test_json_mode_without_a_schema_gives_an_object(lc_model) -> None:  # type: ignore[no-untyped-def]
+    reply = lc_model(max_tokens=200).bind(response_format={"type": "json_object"}).invoke("JSON please")
+    assert isinstance(json.loads(reply.content), dict)
+
+
+def test_structured_answers_are_cached_apart_from_text_other_schemas_and_tools(lc_model, toy_embed) -> None:  # type: ignore[no-untyped-def]
+    """The answer cache keys include the format and the bound tools: a repeat is served from the
+    cache only where the same schema or the same tools are bound, and is then the stored answer."""
+    from chatcache import AnswerCacheConfig
+
+    keep_all = AnswerCacheConfig(max_entropy_bits=100.0)  # the random model's answers are all uncertain
+    model = lc_model(max_tokens=200, answer_cache=keep_all, embedder=toy_embed)
+    question = [HumanMessage("Tell me about Ada")]
+    variants = {
+        "text": model,
+        "person": model.with_structured_output(Person, include_raw=True),
+        "person dict": model.with_structured_output(PersonDict, include_raw=True),
+        "add": model.bind_tools([add], tool_choice="any"),
+        "weather": model.bind_tools([get_weather], tool_choice="any"),
+    }
+
+    def served(bound) -> tuple[bool, object]:  # type: ignore[no-untyped-def]
+        reply = bound.invoke(question)
+        message = reply["raw"] if isinstance(reply, dict) else reply
+        return message.response_metadata["answer_cache_hit"], message.content or message.tool_calls[0]["args"]
+
+    first = {}
+    for name, bound in variants.items():
+        hit, first[name] = served(bound)
+        assert not hit, f"{name} was served another variant's answer"
+    for name, bound in variants.items():
+        hit, answer = served(bound)
+        assert hit and answer == first[name], name
+
+
+def test_history_keeps_tool_calls_and_results_whole(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    history = SessionChatHistory("agent", store=f"sqlite:///{tmp_path}/h.db")
+    call = AIMessage("", tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "call_1", "type": "tool_call"}])
+    result = ToolMessage("3", tool_call_id="call_1", name="add", status="error")
+    history.add_messages([HumanMessage("1 + 2?"), call, result])
+    again = SessionChatHistory("agent", store=f"sqlite:///{tmp_path}/h.db").messages
+    assert again[1].tool_calls == call.tool_calls
+    assert isinstance(again[2], ToolMessage) and again[2].tool_call_id == "call_1" and again[2].status == "error"
+
+
+def test_auto_calls_the_tool_a_question_is_about_and_answers_others_in_text(lc_model) -> None:  # type: ignore[no-untyped-def]
+    """The router reads meaning with the bundled embedder; the random model alone would decide noise."""
+    model = lc_model(max_tokens=200).bind_tools([get_weather, add])
+    weather = model.invoke("What will the weather be in Rome for the next 2 days?")
+    assert [call["name"] for call in weather.tool_calls] == ["get_weather"]
+    summed = model.invoke("Please add 40 and 2.")
+    assert [call["name"] for call in summed.tool_calls] == ["add"]
+    router = ToolRouter(sentence_embed(load_embedder("bundled")))
+    tools = [Tool(t.name, t.description, _args_schema(t)) for t in (get_weather, add)]
+    assert router.called("Tell me a joke about cats.", tools) == []  # left to the model
+    assert [t.name for t in router.called("Is it raining in Lima?", tools)] == ["get_weather"]
+    after_result = model.invoke(
+        [HumanMessage("Weather in Rome?"), weather, ToolMessage("sunny", tool_call_id=weather.tool_calls[0]["id"])]
+    )
+    assert isinstance(after_result, AIMessage)  # a tool result is not routed: the model answers or calls
