@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .model.loading import ChatModel, load_chat_model, load_embedder
     from .model.prompt import Message
     from .model.remote import RemoteModel, connect_remote_model
+    from .model.reply_format import ReplyFormat
     from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
     from .tiers.residency import MemoryConfig
     from .tiers.token_tier import TokenTier, TokenTierStats
@@ -60,6 +61,7 @@ _EXPORTS = {
     "RemoteModel": ".model.remote",
     "RemoteModelError": ".errors",
     "Reply": ".reply",
+    "ReplyFormat": ".model.reply_format",
     "ReplyStream": ".reply",
     "SessionClosedError": ".errors",
     "SessionStore": "storage",
@@ -96,6 +98,7 @@ __all__ = [
     "RemoteModel",
     "RemoteModelError",
     "Reply",
+    "ReplyFormat",
     "ReplyStream",
     "SessionClosedError",
     "SessionStore",

@@ -11,7 +11,7 @@ import chatcache
 PUBLIC = {
     "AnswerCacheConfig", "AsyncReplyStream", "BotDefinition", "ChatCacheError", "ChatEngine", "ChatModel",
     "ConfigError", "CorruptDatabaseError", "DriftConfig", "GenerationConfig", "InvalidIdError",
-    "InvalidMessageError", "MemoryConfig", "Message", "ModelNotFoundError", "RemoteModel", "RemoteModelError", "Reply", "ReplyStream",
+    "InvalidMessageError", "MemoryConfig", "Message", "ModelNotFoundError", "RemoteModel", "RemoteModelError", "Reply", "ReplyFormat", "ReplyStream",
     "SessionClosedError", "SessionStore", "StageThresholds", "StorageError", "TokenTier", "TokenTierConfig",
     "TokenTierStats", "TurnStats", "TurnTierConfig", "UnknownSessionError", "connect_remote_model", "default_data_dir",
     "load_chat_model", "load_embedder",
