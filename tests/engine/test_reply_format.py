@@ -146,3 +146,21 @@ def test_within_budget_bounds_free_strings_only() -> None:
     assert props["bounded"]["maxLength"] == 3 and "maxLength" not in props["choice"]
     # Whatever the bounded schema accepts, the original accepts.
     jsonschema.validate({"free": "x" * props["free"]["maxLength"], "nested": [None, "y"]}, schema)
+
+
+def test_held_turns_on_the_token_tier_equal_the_uncached_path(engine, make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """Later turns reuse the session's KV (the held reply included) and still give what a full
+    recompute gives."""
+    reply_format = ReplyFormat.json_schema(PERSON)
+    uncached = make_engine(tiny_model, token_tier=TokenTierConfig(enabled=False))
+    for turn in range(3):
+        cached = engine.chat("kv", f"turn {turn} please", reply_format=reply_format, max_new_tokens=120)
+        fresh = uncached.chat("kv", f"turn {turn} please", reply_format=reply_format, max_new_tokens=120)
+        assert cached.token_ids == fresh.token_ids
+        if turn:
+            assert cached.stats.reused_tokens > 0
+
+
+def test_stop_strings_still_stop_a_held_reply(engine) -> None:  # type: ignore[no-untyped-def]
+    reply = engine.chat("stop", "go", reply_format=ReplyFormat.json_schema(PERSON), stop=['"age"'], max_new_tokens=120)
+    assert reply.stats.finish_reason == "stop" and reply.text.startswith('{"name": "') and '"age"' not in reply.text
