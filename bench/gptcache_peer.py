@@ -13,7 +13,6 @@ import atexit
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np

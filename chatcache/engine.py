@@ -16,7 +16,6 @@ was said.
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -46,6 +45,7 @@ from .model.generation import prefill
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
+from .model.text_stream import word_pieces
 from .model.loading import ChatModel, load_chat_model, load_embedder
 from .model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
 from .model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
@@ -94,11 +94,6 @@ def _generation(
         repetition_penalty=repetition_penalty,
         reply_format=reply_format,
     )
-
-
-def _word_pieces(text: str) -> list[str]:
-    """`text` as stream pieces: each word with the whitespace before it (they join back to `text`)."""
-    return re.findall(r"\s*\S+|\s+$", text) or [text]
 
 
 @dataclass
@@ -692,7 +687,7 @@ class ChatEngine:
             self._record_user(conversation, turn)  # served even when the model is saturated: it costs no model time
             stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
             stats.ttft_s = time.perf_counter() - turn.started
-            yield from _word_pieces(hit.answer)  # streamed as a generated answer would be, for UIs and callbacks
+            yield from word_pieces(hit.answer)  # streamed as a generated answer would be, for UIs and callbacks
             turn.reply = Message("assistant", hit.answer)
             self.answers.maybe_audit(hit, params, lambda: self._plan(conversation, turn))
         else:

@@ -27,14 +27,17 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
+from langchain_core.caches import BaseCache
 from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.globals import get_llm_cache
+from langchain_core.load import dumps
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages import InvalidToolCall, ToolCall, ToolCallChunk
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, Generation
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.runnables.config import ensure_config
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -46,6 +49,7 @@ from ..model.prompt import Message
 from ..model.reply_format import ReplyFormat, within_budget
 from ..model.loading import load_embedder
 from ..model.tools import CALL_OPEN, Tool, call_format, calls_text, parse_calls, tools_prompt
+from ..model.text_stream import word_pieces
 from ..model.tools import ToolCall as TextToolCall
 from ..steering.hcac import sentence_embed
 from ..steering.tool_router import ROUTE_THRESHOLD, ToolRouter
@@ -273,7 +277,44 @@ class CachedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        llm_cache, prompt, llm_string = self._llm_cache(messages, stop, kwargs)
+        cached = llm_cache.lookup(prompt, llm_string) if llm_cache is not None else None
+        if cached:
+            yield from _replayed(cached[0], run_manager)
+            return
         reply_stream, calls_bound = self._start(messages, stop, kwargs)
+        streamed: list[ChatGenerationChunk] = []
+        for chunk in self._stream_reply(reply_stream, calls_bound, run_manager, kwargs):
+            streamed.append(chunk)
+            yield chunk
+        reply = reply_stream.reply
+        if llm_cache is not None and reply is not None and reply.stats.finish_reason != "cancelled":
+            # Streamed answers fill LangChain's cache as invoked ones do (LangChain's own stream does not).
+            whole = streamed[0]
+            for chunk in streamed[1:]:
+                whole += chunk
+            message = AIMessage(**whole.message.model_dump(exclude={"type", "tool_call_chunks", "chunk_position"}))
+            llm_cache.update(prompt, llm_string, [ChatGeneration(message=message)])
+
+    def _llm_cache(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[BaseCache | None, str, str]:
+        """LangChain's LLM cache for this call (this model's own, else the global one), and the
+        prompt and `llm_string` it is keyed by, as LangChain's invoke path keys them."""
+        if self.cache is False:
+            return None, "", ""
+        llm_cache = self.cache if isinstance(self.cache, BaseCache) else get_llm_cache()
+        if llm_cache is None:
+            return None, "", ""
+        normalized = [m.model_copy(update={"id": None}) if getattr(m, "id", None) is not None else m for m in messages]
+        return llm_cache, dumps(normalized), self._get_llm_string(stop=stop, **kwargs)
+
+    def _stream_reply(
+        self,
+        reply_stream: ReplyStream,
+        calls_bound: bool,
+        run_manager: CallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> Iterator[ChatGenerationChunk]:
+        """The engine's reply as chunks: text as it comes, a possible tool call held to its end."""
         held: list[str] | None = None  # a reply that may be a tool call is held until it ends
         try:
             for piece in reply_stream:
@@ -292,13 +333,11 @@ class CachedChatModel(BaseChatModel):
             reply_stream.close()  # a reader that stops early cancels the generation
         if held is not None:
             fields = _tool_fields("".join(held))
-            chunks = [
-                ToolCallChunk(name=call["name"], args=json.dumps(call["args"]), id=call["id"], index=index, type="tool_call_chunk")
-                for index, call in enumerate(fields.get("tool_calls", []))
-            ]
             chunk = ChatGenerationChunk(
                 message=AIMessageChunk(
-                    content=fields["content"], tool_call_chunks=chunks, invalid_tool_calls=fields.get("invalid_tool_calls", [])
+                    content=fields["content"],
+                    tool_call_chunks=_call_chunks(fields.get("tool_calls", [])),
+                    invalid_tool_calls=fields.get("invalid_tool_calls", []),
                 )
             )
             if run_manager:
@@ -392,6 +431,36 @@ def _with_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict
     if "message_history" in configurable:
         extra["history_managed"] = True  # RunnableWithMessageHistory sends the history it keeps
     return {**kwargs, **extra}
+
+
+def _replayed(generation: Generation, run_manager: CallbackManagerForLLMRun | None) -> Iterator[ChatGenerationChunk]:
+    """A cached answer as a generated one streams: its text word by word through the callbacks,
+    its tool calls as tool-call chunks, then its metadata (which marks the hit)."""
+    message = generation.message if isinstance(generation, ChatGeneration) else AIMessage(generation.text)
+    text = message.content if isinstance(message.content, str) else generation.text
+    pieces = [] if getattr(message, "tool_calls", None) else word_pieces(text)
+    for piece in pieces:
+        chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        if run_manager:
+            run_manager.on_llm_new_token(piece, chunk=chunk)
+        yield chunk
+    yield ChatGenerationChunk(
+        message=AIMessageChunk(
+            content="" if pieces else text,
+            tool_call_chunks=_call_chunks(getattr(message, "tool_calls", [])),
+            usage_metadata=getattr(message, "usage_metadata", None),
+            response_metadata=message.response_metadata,
+            chunk_position="last",
+        )
+    )
+
+
+def _call_chunks(tool_calls: list[ToolCall]) -> list[ToolCallChunk]:
+    """Whole tool calls as the chunks a stream carries them in (they add back up to the calls)."""
+    return [
+        ToolCallChunk(name=call["name"], args=json.dumps(call["args"]), id=call["id"], index=index, type="tool_call_chunk")
+        for index, call in enumerate(tool_calls)
+    ]
 
 
 def _tool(spec: dict[str, Any]) -> Tool:

@@ -7,6 +7,8 @@ of a stop sequence is held back until it is known not to be one.
 
 from __future__ import annotations
 
+import re
+
 from transformers import PreTrainedTokenizerBase
 
 
@@ -46,3 +48,9 @@ class TextStream:
         """Everything not yet shown (at the end of the reply)."""
         piece, self._emitted = self.text[self._emitted:], len(self.text)
         return piece
+
+
+def word_pieces(text: str) -> list[str]:
+    """A whole text as stream pieces (a cached answer replayed as if generated): each word with
+    the whitespace before it; they join back to `text`."""
+    return re.findall(r"\s*\S+|\s+$", text) or [text]

@@ -152,3 +152,20 @@ def test_many_conversations_keep_the_engines_memory_within_its_bound(tiny_model,
         model.invoke([SystemMessage(SYSTEM), HumanMessage(f"conversation {index}")])
         assert len(engine.token_tier._heat) <= 5  # noqa: SLF001 - the structure that used to grow
     assert len(engine._key_locks) == 0  # noqa: SLF001
+
+
+def test_langchain_cache_hits_stream_like_generated_answers(lc_model, toy_embed, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """LangChain's own stream skips its LLM cache; ours serves a hit through it, word by word and
+    through the callbacks, marked in the metadata, and a streamed answer fills the cache."""
+    model = lc_model(max_tokens=16, cache=SemanticCache(f"sqlite:///{tmp_path}/llm.db", embed=toy_embed))
+    messages = [SystemMessage(SYSTEM), HumanMessage("Tell me a joke about cats.")]
+    streamed = list(model.stream(messages))  # a miss: generated, then stored
+    generated = "".join(str(chunk.content) for chunk in streamed)
+    assert not streamed[-1].response_metadata["answer_cache_hit"]
+    invoked = model.invoke(messages)
+    assert invoked.response_metadata["tier"] == "llm_cache" and invoked.content == generated
+    handler = _Tokens()
+    again = list(model.stream(messages, config={"callbacks": [handler]}))
+    pieces = [str(chunk.content) for chunk in again if chunk.content]
+    assert len(pieces) > 1 and "".join(pieces) == generated and [t for t in handler.tokens if t] == pieces
+    assert again[-1].response_metadata["tier"] == "llm_cache"

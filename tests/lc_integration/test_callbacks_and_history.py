@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, FunctionMessage, HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
@@ -61,8 +61,8 @@ def test_runnable_with_message_history_keeps_history_in_the_session_tier(lc_mode
 
 def test_history_refuses_what_it_cannot_store_and_clears(tmp_path) -> None:  # type: ignore[no-untyped-def]
     history = SessionChatHistory("s", store=f"sqlite:///{tmp_path}/history.db")
-    with pytest.raises(ValueError, match="ToolMessage"):
-        history.add_messages([HumanMessage("hi"), ToolMessage("42", tool_call_id="t")])
+    with pytest.raises(ValueError, match="FunctionMessage"):
+        history.add_messages([HumanMessage("hi"), FunctionMessage("42", name="f")])
     assert history.messages == []  # checked before anything was written
     history.add_messages([HumanMessage("hi"), AIMessage("hello")])
     assert len(history.messages) == 2
