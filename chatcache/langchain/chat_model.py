@@ -22,6 +22,7 @@ string until its budget ends. Non-text input (images, audio, files) is refused.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from operator import itemgetter
@@ -65,7 +66,9 @@ class CachedChatModel(BaseChatModel):
     """A LangChain chat model served by chatcache's hierarchical cache.
 
     Args:
-        model: "bundled", a Hugging Face model id or a local directory (ignored when `engine` is given).
+        model: "bundled", a Hugging Face model id or a local directory (ignored when `engine` is
+            given); default `$CHATCACHE_MODEL`, else "bundled". A call's `model=` runs that call
+            on another model, whose engine is built on first use and kept, on the same session tier.
         engine: an existing `ChatEngine` to serve the calls; by default one is built from the other fields.
         system_prompt: the engine's system prompt, used when a call has no system message.
         max_tokens: reply tokens at most (`max_new_tokens` is accepted as an alias).
@@ -82,7 +85,7 @@ class CachedChatModel(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
-    model: str = "bundled"
+    model: str = Field(default_factory=lambda: os.environ.get("CHATCACHE_MODEL", "bundled"))
     engine: Any = Field(default=None, exclude=True)
     system_prompt: str | None = None
     max_tokens: int = Field(default=256, alias="max_new_tokens", ge=1)
@@ -96,6 +99,7 @@ class CachedChatModel(BaseChatModel):
     streaming: bool = False
     tool_route_threshold: float | None = ROUTE_THRESHOLD
     _router: ToolRouter | None = PrivateAttr(default=None)
+    _engines: dict[str, ChatEngine] = PrivateAttr(default_factory=dict)  # per-call `model=` overrides
 
     @model_validator(mode="after")
     def _build_engine(self) -> CachedChatModel:
@@ -265,7 +269,7 @@ class CachedChatModel(BaseChatModel):
                 run_manager.on_llm_new_token(piece)
         reply = reply_stream.reply
         text = reply.text if reply else ""
-        usage, metadata = self._report(reply)
+        usage, metadata = self._report(reply, kwargs.get("model"))
         fields = _tool_fields(text) if calls_bound else {"content": text}
         message = AIMessage(usage_metadata=usage, response_metadata=metadata, **fields)
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -343,7 +347,7 @@ class CachedChatModel(BaseChatModel):
             if run_manager:
                 run_manager.on_llm_new_token("", chunk=chunk)
             yield chunk
-        usage, metadata = self._report(reply_stream.reply)
+        usage, metadata = self._report(reply_stream.reply, kwargs.get("model"))
         # Usage and metadata go on the last chunk only, so adding the chunks counts them once.
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")
@@ -352,7 +356,7 @@ class CachedChatModel(BaseChatModel):
     def _start(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[ReplyStream, bool]:
         """Start the engine on the call; also whether bound tools may make the reply a call."""
         conversation = to_chatcache(messages)
-        engine: ChatEngine = self.engine
+        engine = self._engine_for(kwargs.get("model"))
         generation: dict[str, Any] = {name: kwargs.get(name, getattr(self, name)) for name in _CALL_PARAMS}
         generation["max_new_tokens"] = generation.pop("max_tokens")
         generation["stop"] = stop if stop is not None else self.stop
@@ -384,6 +388,22 @@ class CachedChatModel(BaseChatModel):
         kv_key = f"lc-session:{session_id}" if session_id else None
         return engine.complete(conversation, kv_key=kv_key, **generation), bool(tools) and choice != "none"
 
+    def _engine_for(self, model: str | None) -> ChatEngine:
+        """The engine that runs a call: this model's, or one on the call's `model=` override."""
+        engine: ChatEngine = self.engine
+        if model is None or model == self.model:
+            return engine
+        if model not in self._engines:
+            self._engines[model] = ChatEngine(
+                model=model,
+                system_prompt=self.system_prompt,
+                answer_cache=self.answer_cache,
+                store=engine.store,
+                tenant=self.tenant,
+                embedder=engine.embed or "bundled",
+            )
+        return self._engines[model]
+
     def _route(self, question: str, tools: list[Tool], choice: str) -> str:
         """`choice`, or the tool the question is about when the router is on and finds one."""
         if self.tool_route_threshold is None:
@@ -395,7 +415,7 @@ class CachedChatModel(BaseChatModel):
         called = self._router.called(question, tools)
         return called[0].name if called else choice
 
-    def _report(self, reply: Reply | None) -> tuple[UsageMetadata, dict[str, Any]]:
+    def _report(self, reply: Reply | None, model: str | None) -> tuple[UsageMetadata, dict[str, Any]]:
         """LangChain's usage metadata and our cache report (read by `CacheStatsHandler`)."""
         stats = reply.stats if reply is not None else None
         prompt = stats.prompt_tokens if stats else 0
@@ -407,7 +427,7 @@ class CachedChatModel(BaseChatModel):
             total_tokens=prompt + generated,
             input_token_details={"cache_read": reused},
         )
-        metadata: dict[str, Any] = {"model_name": self.model, "model_provider": "chatcache"}
+        metadata: dict[str, Any] = {"model_name": model or self.model, "model_provider": "chatcache"}
         if stats is not None and reply is not None:
             metadata.update(
                 finish_reason=stats.finish_reason,

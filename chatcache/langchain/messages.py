@@ -28,13 +28,15 @@ from ..model.tools import ToolCall, calls_text, result_text
 _CHAT_ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 _TEXT_BLOCKS = {"text"}
 _CALL_BLOCKS = {"tool_use", "tool_call", "function_call"}
+_REASONING_BLOCKS = {"thinking", "redacted_thinking", "reasoning"}
 
 
 def text_of(message: BaseMessage) -> str:
     """The text of a message's content; a non-text block is a ValueError naming its type.
 
     An AI message's tool-call blocks (Anthropic's `tool_use`, LangChain's `tool_call`) are
-    left out: the same calls are its `tool_calls`, which `model_text` writes."""
+    left out: the same calls are its `tool_calls`, which `model_text` writes. So are its
+    reasoning blocks (`thinking`), which no provider shows the model again."""
     content: Any = message.content
     if isinstance(content, str):
         return content
@@ -46,6 +48,8 @@ def text_of(message: BaseMessage) -> str:
             parts.append(str(block.get("text", "")))
         elif isinstance(message, AIMessage) and message.tool_calls and isinstance(block, dict) and block.get("type") in _CALL_BLOCKS:
             continue
+        elif isinstance(message, AIMessage) and isinstance(block, dict) and block.get("type") in _REASONING_BLOCKS:
+            continue  # an earlier reply's hidden reasoning: providers leave it out of the next prompt too
         else:
             kind = block.get("type", "untyped") if isinstance(block, dict) else type(block).__name__
             raise ValueError(

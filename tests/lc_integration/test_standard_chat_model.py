@@ -1,8 +1,11 @@
 """LangChain's standard chat-model tests: unit tests on the tiny model, integration tests on the bundled one.
 
-Tool calling, tool choice, structured output and JSON mode are declared supported (decoding
-held to the schemas makes them work on the bundled 135M model); multimodal input and
-per-call model override are declared unsupported, so only their tests skip themselves.
+Tool calling, tool choice, structured output, JSON mode, Anthropic-format input (text, tool use,
+thinking), per-call model override and initialisation from the environment are declared
+supported (decoding held to the schemas makes tools work on the bundled 135M model); image,
+audio and PDF input are declared unsupported, so their tests skip themselves. One more skips:
+serialisation, which langchain-core's `load` allows only for the classes it registers itself
+(`allowed_objects="all"` is its own partners), so no package outside LangChain can pass it.
 """
 
 from __future__ import annotations
@@ -72,24 +75,45 @@ class _Unsupported:
 
     @property
     def supports_model_override(self) -> bool:
-        return False
+        return True
+
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        return True
+
+    @property
+    def enable_vcr_tests(self) -> bool:
+        return True  # a local model makes no HTTP calls: the stream-time test just runs
+
+    @property
+    def model_override_value(self) -> str:
+        return str(self._other_model)
 
 
 class TestCachedChatModelUnit(_Unsupported, ChatModelUnitTests):
     @pytest.fixture(autouse=True)
-    def _tiny(self, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
-        self._params = {"model": str(tiny_model_dir)}
+    def _models(self, bundled_model, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+        """"bundled" (loaded once per process); the tiny model is the other model a call or
+        `$CHATCACHE_MODEL` may name."""
+        self._params = {"model": "bundled"}
+        self._other_model = tiny_model_dir
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
         return self._params
 
+    @property
+    def init_from_env_params(self) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+        return {"CHATCACHE_MODEL": str(self._other_model)}, {}, {"model": str(self._other_model)}
+
 
 @pytest.mark.bundled
 class TestCachedChatModelIntegration(_Unsupported, ChatModelIntegrationTests):
     @pytest.fixture(autouse=True)
-    def _bundled(self, bundled_model) -> None:  # type: ignore[no-untyped-def]
-        """Load the bundled model from the shared test dir first; "bundled" then resolves to it (per-process cache)."""
+    def _bundled(self, bundled_model, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+        """Load the bundled model from the shared test dir first; "bundled" then resolves to it
+        (per-process cache). The tiny model is the other model a call may ask for."""
+        self._other_model = tiny_model_dir
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
