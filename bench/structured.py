@@ -34,7 +34,9 @@ STR = {"type": "string"}
 
 
 def _tool(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "description": description, "parameters": {"type": "object", "properties": properties, "required": list(properties)}}
+    """A tool spec as `CachedChatModel.bind_tools` makes it (LangChain's strict conversion)."""
+    parameters = {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+    return {"name": name, "description": description, "parameters": parameters}
 
 
 TOOLS = {
