@@ -80,7 +80,7 @@ def model_text(message: BaseMessage) -> str:
     """The text the model reads for `message`: its text, its tool calls, or its tool result."""
     text = text_of(message)
     if isinstance(message, ToolMessage):
-        return result_text(message.name, f"Error: {text}" if message.status == "error" and not text.startswith("Error") else text)
+        return result_text(f"Error: {text}" if message.status == "error" and not text.startswith("Error") else text)
     if isinstance(message, AIMessage) and message.tool_calls:
         return text + calls_text([ToolCall(call["name"], dict(call["args"])) for call in message.tool_calls])
     if isinstance(message, AIMessage) and message.invalid_tool_calls:

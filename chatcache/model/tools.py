@@ -1,13 +1,18 @@
 """Tool calling in text: how tools, calls and results are written for the model, and read back.
 
 Most small chat templates (the bundled SmolLM2's among them) have no tool format, so one format
-is used for every model, the one SmolLM2's model card and Qwen/Hermes templates use:
+is used for every model: Hermes', which Qwen 2.5 and 3 templates render natively, so a model
+trained on it sees and writes exactly what it learned:
 
-  * the tools, as OpenAI function specs in JSON, close the system message between `<tools>`
-    and `</tools>`, with how to call them;
-  * a reply that calls tools is `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`
-    and nothing else;
-  * a tool's result comes back as a user message `<tool_response>{"name": ..., "content": ...}</tool_response>`.
+  * the tools, as OpenAI function specs in JSON, one a line, close the system message between
+    `<tools>` and `</tools>`, with how to call them;
+  * a reply that calls a tool is `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
+    one block per call, and nothing else;
+  * a tool's result comes back in a user message as `<tool_response>\n...\n</tool_response>`,
+    one block per result.
+
+Templates with a tool format of their own other than Hermes' (Llama 3.1's, Mistral's) are not
+used for it: the model reads and writes this one.
 
 The model cannot write a malformed call: `call_format` is the Lark grammar (for `ReplyFormat`)
 that lets a reply be free text or a call (`auto`), only a call (`any`), a call of one named
@@ -48,26 +53,27 @@ class ToolCall:
 
 def tools_prompt(tools: Sequence[Tool]) -> str:
     """What the system message ends with when tools are bound."""
-    specs = json.dumps([tool.spec() for tool in tools], ensure_ascii=False)
+    specs = "\n".join(json.dumps(tool.spec(), ensure_ascii=False) for tool in tools)
     return (
-        "You have access to the following tools:\n"
-        f"<tools>{specs}</tools>\n"
-        "To call tools, reply with only a list of calls in this format:\n"
-        f'{CALL_OPEN}[{{"name": "tool name", "arguments": {{"argument": "value"}}}}]{CALL_CLOSE}\n'
-        "A tool's result comes back in <tool_response></tool_response>. If no tool is needed, answer in plain text."
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{specs}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        f"{CALL_OPEN}{CALL_CLOSE} XML tags:\n"
+        f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}\n\n'
+        "If no function is needed, answer in plain text."
     )
 
 
 def calls_text(calls: Sequence[ToolCall]) -> str:
     """An assistant message that made `calls`, as the model writes it."""
-    body = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False, separators=(", ", ": "))
-    return f"{CALL_OPEN}{body}{CALL_CLOSE}"
+    return "\n".join(
+        f"{CALL_OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CALL_CLOSE}" for c in calls
+    )
 
 
-def result_text(name: str | None, content: str) -> str:
+def result_text(content: str) -> str:
     """A tool's result, as the user message the model reads it in."""
-    body = json.dumps({"name": name, "content": content} if name else {"content": content}, ensure_ascii=False)
-    return f"<tool_response>{body}</tool_response>"
+    return f"<tool_response>\n{content}\n</tool_response>"
 
 
 def call_format(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> ReplyFormat | None:
@@ -91,19 +97,22 @@ def call_format(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> Re
         chosen = [tool for tool in tools if tool.name == choice]
         if not chosen:
             raise ValueError(f"tool_choice names {choice!r}, which is not among the bound tools: {', '.join(t.name for t in tools)}")
-    one_call = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": dict(tool.parameters)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for tool in chosen
+    one_call = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "arguments": dict(tool.parameters)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for tool in chosen
+        ],
+        "x-guidance": JSON_LAYOUT,
+    }
+    rules = [
+        "calls: call" + (' ("\\n" call)*' if parallel else ""),
+        f"call: {json.dumps(CALL_OPEN + chr(10))} %json {json.dumps(one_call)} {json.dumps(chr(10) + CALL_CLOSE)}",
     ]
-    calls: dict[str, Any] = {"type": "array", "items": {"anyOf": one_call}, "minItems": 1, "x-guidance": JSON_LAYOUT}
-    if not parallel:
-        calls["maxItems"] = 1
-    rules = [f"calls: {json.dumps(CALL_OPEN)} %json {json.dumps(calls)} {json.dumps(CALL_CLOSE)}"]
     if choice == "auto":
         # Free text may not start with "<", so a reply that starts a call must finish it well-formed.
         rules = ["start: TEXT | calls", *rules, "TEXT: /[^<](?s:.*)/"]
@@ -116,20 +125,22 @@ def parse_calls(text: str) -> tuple[str, list[ToolCall]]:
     """The text before a reply's calls, and the calls (none for a plain-text reply).
 
     Raises:
-        ValueError: a reply that opens a call and does not hold a well-formed list of calls (a
-            reply cut short by its token budget).
+        ValueError: a reply that opens a call and does not hold well-formed calls (a reply cut
+            short by its token budget).
     """
     head, opened, rest = text.partition(CALL_OPEN)
     if not opened and text.strip() and CALL_OPEN.startswith(text.strip()):
         raise ValueError(f"The model's tool call is cut short: {text!r}")
     if not opened:
         return text, []
-    body, closed, _ = rest.partition(CALL_CLOSE)
+    calls = []
     try:
-        if not closed:
-            raise ValueError("no closing tag")
-        items = json.loads(body)
-        calls = [ToolCall(str(item["name"]), dict(item["arguments"])) for item in items]
+        for block in (CALL_OPEN + rest).split(CALL_OPEN)[1:]:
+            body, closed, tail = block.partition(CALL_CLOSE)
+            if not closed or tail.strip():
+                raise ValueError("no closing tag" if not closed else f"text after a call: {tail.strip()[:40]!r}")
+            item = json.loads(body)
+            calls.append(ToolCall(str(item["name"]), dict(item["arguments"])))
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"The model's tool call is cut short or malformed ({error}): {text!r}") from None
     return head, calls
