@@ -314,9 +314,12 @@ class ChatEngine:
             InvalidMessageError: empty text or text no database can store (at once), or a
                 message that cannot fit the context window (when iteration starts). Nothing is
                 recorded either way; a new session is not even created.
-            ConfigError: a decoding setting that can never work (at once).
+            ConfigError: a decoding setting that can never work (at once), such as a Lark
+                grammar for a remote model.
         """
         params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty, reply_format)
+        if isinstance(self.runner, RemoteRunner):
+            self.runner.check(params)
         if not isinstance(text, str) or not text.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
         check_storable(text)
@@ -372,6 +375,8 @@ class ChatEngine:
                 that does not fit the context window (when iteration starts).
         """
         params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty, reply_format)
+        if isinstance(self.runner, RemoteRunner):
+            self.runner.check(params)
         conversation, question = self._given_conversation(messages, kv_key)
         system = conversation.system
         turn = Turn(

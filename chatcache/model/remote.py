@@ -211,50 +211,70 @@ class RemoteRunner:
     def __init__(self, model: RemoteModel) -> None:
         self.model = model
         self.plain_text = PlainText(model.tokenizer)
+        self.schema_in_json_object = False  # the server reads a schema only as llama-cpp-python does
 
-    def _request(self, key: str, prompt: Prompt, params: GenerationConfig) -> openai.Stream[ChatCompletionChunk]:
-        messages: list[ChatCompletionMessageParam] = [
-            {"role": m.role, "content": self.plain_text.defused(m.content)}  # type: ignore[misc]
-            for m in prompt.messages
-        ]
+    @staticmethod
+    def check(params: GenerationConfig) -> None:
+        """Refuse settings no OpenAI-compatible server takes (the engine asks before a turn starts)."""
         reply_format = params.reply_format
         if reply_format is not None and reply_format.schema is None:
             raise ConfigError(
                 f"A remote model takes a reply format as a JSON schema only (OpenAI's response_format), not {reply_format.kind}."
             )
-        formatted: dict[str, Any] = (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": reply_format.schema}}}
-            if reply_format is not None
-            else {}
-        )
+
+    def _request(self, key: str, prompt: Prompt, params: GenerationConfig) -> openai.Stream[ChatCompletionChunk]:
+        """Start the server's reply. A reply format goes as OpenAI's `response_format`
+        (`json_schema`: OpenAI, vLLM, llama.cpp's own server); a server that refuses that type
+        is asked again, and from then on, the way llama-cpp-python's server reads a schema
+        (`json_object` with a `schema`)."""
         try:
-            response: openai.Stream[ChatCompletionChunk] = self.model.client.chat.completions.create(
-                **formatted,
-                model=self.model.name,
-                messages=messages,
-                stream=True,
-                stream_options={"include_usage": True},
-                max_tokens=params.max_new_tokens,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                stop=list(params.stop) or None,
-                seed=params.seed,
-                logprobs=True,
-                top_logprobs=TOP_LOGPROBS,
-                # vLLM's and llama.cpp's own names for the repetition penalty (llama.cpp's
-                # default is not 1), and llama.cpp's switch for its prompt cache. The session
-                # header lets a session-affinity router (vLLM's production stack) pin the
-                # conversation to the replica holding its KV.
-                extra_body={
-                    "repetition_penalty": params.repetition_penalty,
-                    "repeat_penalty": params.repetition_penalty,
-                    "cache_prompt": True,
-                },
-                extra_headers={"X-Session-Id": key},
-            )
-            return response
+            return self._create(key, prompt, params)
+        except openai.APIError as exc:
+            if params.reply_format is None or self.schema_in_json_object or "response_format" not in str(exc):
+                raise _remote_error(self.model.url, exc) from None
+        self.schema_in_json_object = True
+        try:
+            return self._create(key, prompt, params)
         except openai.APIError as exc:
             raise _remote_error(self.model.url, exc) from None
+
+    def _create(self, key: str, prompt: Prompt, params: GenerationConfig) -> openai.Stream[ChatCompletionChunk]:
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": m.role, "content": self.plain_text.defused(m.content)}  # type: ignore[misc]
+            for m in prompt.messages
+        ]
+        self.check(params)
+        reply_format = params.reply_format
+        formatted: dict[str, Any] = {}
+        if reply_format is not None and self.schema_in_json_object:
+            formatted["response_format"] = {"type": "json_object", "schema": reply_format.schema}
+        elif reply_format is not None:
+            formatted["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": reply_format.schema}}
+        response: openai.Stream[ChatCompletionChunk] = self.model.client.chat.completions.create(
+            **formatted,
+            model=self.model.name,
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            stop=list(params.stop) or None,
+            seed=params.seed,
+            logprobs=True,
+            top_logprobs=TOP_LOGPROBS,
+            # vLLM's and llama.cpp's own names for the repetition penalty (llama.cpp's
+            # default is not 1), and llama.cpp's switch for its prompt cache. The session
+            # header lets a session-affinity router (vLLM's production stack) pin the
+            # conversation to the replica holding its KV.
+            extra_body={
+                "repetition_penalty": params.repetition_penalty,
+                "repeat_penalty": params.repetition_penalty,
+                "cache_prompt": True,
+            },
+            extra_headers={"X-Session-Id": key},
+        )
+        return response
 
     def stream(
         self,

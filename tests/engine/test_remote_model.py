@@ -205,3 +205,28 @@ def test_entropy_from_top_log_probabilities() -> None:
     sure = [TopLogprob(token="a", logprob=0.0)]
     tokens = [ChatCompletionTokenLogprob(token="a", logprob=-0.69, top_logprobs=top) for top in (half, sure)]
     assert entropy_bits(tokens) == pytest.approx([1.0, 0.0])
+
+
+def test_replies_held_to_a_schema_on_the_server(remote: RemoteModel, tmp_path: Path) -> None:
+    """llama-cpp-python's server refuses OpenAI's `json_schema` response format; the engine asks
+    again the way it reads a schema, and every reply validates. A grammar it cannot send is refused."""
+    import json
+
+    import jsonschema
+
+    from chatcache import ConfigError, ReplyFormat
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    engine = ChatEngine(remote, store=f"sqlite:///{tmp_path}/s.db")
+    for turn, question in enumerate(["Describe Ada Lovelace as JSON.", "Who is Alan Turing?"]):
+        reply = engine.chat(f"json{turn}", question, reply_format=ReplyFormat.json_schema(schema), max_new_tokens=64)
+        jsonschema.validate(json.loads(reply.text), schema)
+    assert engine.runner.schema_in_json_object  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="JSON schema only"):
+        engine.stream("lark", "yes or no?", reply_format=ReplyFormat.lark('start: "yes" | "no"'))  # at once
+    assert "lark" not in {s.id for s in engine.sessions()}  # nothing was recorded
