@@ -1,7 +1,8 @@
 """Whether a question calls for one of the bound tools, read by meaning as intents are.
 
-Left to decide alone (`tool_choice="auto"`), the bundled 135M model never starts a call: on
-eight questions that each name what a bound tool does, it answered all eight in text. So, as
+Left to decide alone (`tool_choice="auto"`), the bundled 135M model never starts a call: five
+questions that each ask for what a bound tool does were all answered in text, under two
+wordings of the tools prompt. So, as
 semantic routers do, a question whose embedding is close enough to a tool's name and
 description (cosine at least `threshold`) makes the reply a call of the closest tool; below it
 the model decides, held to the format either way. The threshold is tuned on
