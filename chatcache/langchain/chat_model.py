@@ -59,7 +59,7 @@ from .messages import to_chatcache
 
 _CALL_PARAMS = ("max_tokens", "temperature", "top_p", "seed")
 _ANY_OBJECT = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "null", "array", "object"]}}
-_TOOL_CHOICES = {None: "auto", "auto": "auto", "none": "none", "any": "any", "required": "any", True: "any"}
+_TOOL_CHOICES: dict[str | bool | None, str] = {None: "auto", "auto": "auto", "none": "none", "any": "any", "required": "any", True: "any"}
 
 
 class CachedChatModel(BaseChatModel):
@@ -175,7 +175,7 @@ class CachedChatModel(BaseChatModel):
         formatted = [convert_to_openai_tool(tool, strict=strict is not False) for tool in tools]
         if isinstance(tool_choice, dict):
             tool_choice = tool_choice.get("function", {}).get("name") or tool_choice.get("type")
-        choice = _TOOL_CHOICES.get(tool_choice, tool_choice) if isinstance(tool_choice, (str, bool, type(None))) else tool_choice
+        choice = _TOOL_CHOICES.get(tool_choice, tool_choice)
         names = [tool["function"]["name"] for tool in formatted]
         if choice not in ("auto", "any", "none") and choice not in names:
             raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; bound: {', '.join(names)}")
