@@ -16,11 +16,13 @@ was said.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dialog import (
     ActionContext,
@@ -106,6 +108,7 @@ class Turn:
     user: Message
     given: bool = False  # the caller keeps the conversation (`complete`): nothing is recorded
     prefix: list[int] | None = None  # the shared system-prompt ids to start from (default: the engine's)
+    renderer: PromptRenderer | None = None  # lays out a given conversation (default: the engine's; one with tools)
     bot: str | None = None  # the answer cache's bot fingerprint (default: the engine's)
     admit: Admit | None = None
     user_seq: int = 0
@@ -358,6 +361,7 @@ class ChatEngine:
         admit: Admit | None = None,
         repetition_penalty: float = 1.0,
         reply_format: ReplyFormat | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> ReplyStream:
         """Answer the last user message of a conversation the caller keeps (LangChain's way, or
         an OpenAI-style request), through the same steps as a session's turn but recording nothing.
@@ -367,7 +371,8 @@ class ChatEngine:
         start (`conversation_key`), so the next call, which repeats these messages plus a turn,
         prefills only the new tail. Without a system message the engine's system prompt is put
         first. A conversation that does not fit the context window is refused, not cut: the
-        caller owns its history.
+        caller owns its history. `tools` (OpenAI function specs) are laid out by the chat
+        template, for templates that render Hermes' tool format (`PromptRenderer.renders_hermes_tools`).
 
         Raises:
             InvalidMessageError: no messages, an unknown role, text no database can store, a
@@ -379,10 +384,20 @@ class ChatEngine:
             self.runner.check(params)
         conversation, question = self._given_conversation(messages, kv_key)
         system = conversation.system
+        renderer = self.renderer
+        if tools:
+            if not self.renderer.renders_hermes_tools:
+                raise ConfigError(
+                    "This model's chat template does not lay out tools in Hermes' format: describe them in the "
+                    "system message instead (chatcache.model.tools.tools_prompt)."
+                )
+            renderer = self.renderer.with_tools(tools)
+        # Tools the template lays out are part of what the model was told, as the system message is.
+        told = (system.content if system else "") + (json.dumps(list(tools), sort_keys=True) if tools else "")
         turn = Turn(
             conversation.id, params, time.perf_counter(), question, given=True,
-            prefix=self.renderer.system_ids(system.content) if system else [],
-            bot=bot_fingerprint(system.content if system else None), admit=admit,
+            prefix=renderer.system_ids(system.content) if system else [],
+            bot=bot_fingerprint(told or None), admit=admit, renderer=renderer,
         )  # fmt: skip
         holder: list[Reply] = []
         pieces = self._counted(self._run_given(conversation, turn, holder))
@@ -775,7 +790,7 @@ class ChatEngine:
         if not turn.given:
             return self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens)
         messages = [*conversation.window(), turn.user]
-        prompt = self.renderer.conversation_ids(messages, RenderedSegments())
+        prompt = (turn.renderer or self.renderer).conversation_ids(messages, RenderedSegments())
         if len(prompt) + turn.params.max_new_tokens > self.context_window:
             raise ContextWindowError(
                 f"The conversation is {len(prompt)} tokens; with {turn.params.max_new_tokens} reply tokens it exceeds "

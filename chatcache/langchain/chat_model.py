@@ -372,7 +372,10 @@ class CachedChatModel(BaseChatModel):
                 for t in tools
             ]
             generation["reply_format"] = call_format(budgeted, choice, bool(kwargs.get("parallel_tool_calls")))
-            conversation = _with_tools(conversation, engine.system_prompt, tools)
+            if engine.renderer.renders_hermes_tools:  # the template tells the model of the tools in its own words
+                generation["tools"] = [tool.spec() for tool in tools]
+            else:
+                conversation = _with_tools(conversation, engine.system_prompt, tools)
         elif kwargs.get("response_format"):
             generation["reply_format"] = _reply_format(kwargs["response_format"], generation["max_new_tokens"])
         session_id = kwargs.get("session_id")

@@ -2,9 +2,11 @@
 
 Why segments: the token tier must see a past reply exactly as the model generated it, not as
 its text would re-tokenize. Each message's segment is the text its template adds after the
-messages before it (a user segment ends with the generation prompt); an assistant segment is
-the generated ids themselves framed by the template's text around them. Concatenated, the
-segments spell the template's rendering of the whole conversation.
+messages before it; an assistant segment is the generated ids themselves framed by the
+template's text around them, opening with its generation prompt. Concatenated, the segments
+spell the template's rendering of the whole conversation, with the generation prompt added
+when the user spoke last (so two user messages in a row, a tool's result and a question,
+render as the template renders them).
 
 Templates that are not prefix-stable (rendering more messages changes earlier text, as some
 reasoning templates do) are rendered whole on every turn instead; the token tier still
@@ -19,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from functools import cached_property
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -56,10 +60,16 @@ class RenderedSegments:
 
 
 class PromptRenderer:
-    """Token ids for a conversation, as the model's chat template lays it out."""
+    """Token ids for a conversation, as the model's chat template lays it out.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    Args:
+        tokenizer: the model's tokenizer, with its chat template.
+        tools: OpenAI function specs the template renders (`with_tools`); none by default.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         self.tokenizer = tokenizer
+        self.tools: list[dict[Any, Any]] = [dict(tool) for tool in tools]
         self.plain_text = PlainText(tokenizer)
         template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else repr(tokenizer.chat_template)
         self.template_hash = hashlib.sha256(template.encode()).hexdigest()[:16]
@@ -67,11 +77,39 @@ class PromptRenderer:
         self._eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.incremental = self._is_prefix_stable()
 
+    def with_tools(self, tools: Sequence[Mapping[str, Any]]) -> PromptRenderer:
+        """A renderer whose template also lays out `tools` (where the template puts them)."""
+        return PromptRenderer(self.tokenizer, tools)
+
+    @cached_property
+    def renders_hermes_tools(self) -> bool:
+        """Whether the chat template lays out tools itself and writes calls and results as
+        `chatcache.model.tools` does (Hermes' format, Qwen's templates): then the template's own
+        tool instructions go to the model, and calls written as text read as it renders them."""
+        from .tools import ToolCall, calls_text
+
+        probe: dict[str, Any] = {"type": "function", "function": {"name": "chatcache_probe", "description": "", "parameters": {"type": "object"}}}
+        call = {"type": "function", "function": {"name": "chatcache_probe", "arguments": {"a": 1}}}
+        conversation: list[dict[str, Any]] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        try:
+            text = str(
+                self.tokenizer.apply_chat_template(
+                    conversation,
+                    tools=[probe],
+                    tokenize=False,
+                )
+            )
+        except Exception:  # noqa: BLE001 - a template that cannot render the probe has no tool format
+            return False
+        preamble, found, _ = text.partition(calls_text([ToolCall("chatcache_probe", {"a": 1})]))
+        return bool(found) and "chatcache_probe" in preamble
+
     def _render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
         if not messages and not add_generation_prompt:
             return ""
         text = self.tokenizer.apply_chat_template(
             [{"role": m.role, "content": self.plain_text.mark(m.content)} for m in messages],
+            tools=list(self.tools) or None,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )
@@ -109,9 +147,10 @@ class PromptRenderer:
         return self.segment([], Message("system", system_prompt))
 
     def segment(self, history: Sequence[Message], message: Message) -> list[int]:
-        """Ids that `message` adds after `history` (a user segment includes the generation prompt)."""
+        """Ids that `message` adds after `history`; an assistant segment starts with the
+        template's opening of a reply (its generation prompt)."""
         if message.role == "assistant":
-            before = self._render(history, add_generation_prompt=True)
+            before = self._render(history)
             after = self._render([*history, Message("assistant", _PLACEHOLDER)])
             head, _, foot = after[len(before):].partition(_PLACEHOLDER)
             generated = list(message.generated_ids or self.plain_text.encode(message.content))
@@ -119,7 +158,7 @@ class PromptRenderer:
                 generated = generated[:-1]  # the template's footer closes the turn with that same token
             return self._encode(head) + generated + self._encode(foot)
         before = self._render(history)
-        after = self._render([*history, message], add_generation_prompt=message.role == "user")
+        after = self._render([*history, message])
         return self._encode(after[len(before):])
 
     def conversation_ids(self, messages: Sequence[Message], memo: RenderedSegments) -> list[int]:
@@ -129,13 +168,17 @@ class PromptRenderer:
             messages: the conversation, system message first if there is one.
             memo: segments computed on earlier turns; extended in place.
         """
+        last_is_user = bool(messages) and messages[-1].role == "user"
         if not self.incremental:
-            last_is_user = bool(messages) and messages[-1].role == "user"
             return self._encode(self._render(messages, add_generation_prompt=last_is_user))
         del memo.ids[len(messages):]
         for index in range(len(memo.ids), len(messages)):
             memo.ids.append(self.segment(messages[:index], messages[index]))
-        return [token for segment in memo.ids for token in segment]
+        ids = [token for segment in memo.ids for token in segment]
+        if last_is_user:  # not memoized: the reply's segment opens with it (read off the last message alone)
+            last = messages[-1:]
+            ids += self._encode(self._render(last, add_generation_prompt=True)[len(self._render(last)):])
+        return ids
 
 
 class ReplyIds:

@@ -94,6 +94,22 @@ def test_ordinary_text_renders_as_the_template_does(tokenizer: Any) -> None:
         assert renderer.conversation_ids(messages, RenderedSegments()) == want, repr(text)
 
 
+def test_user_messages_in_a_row_render_as_the_template_does(tokenizer: Any) -> None:
+    """A tool's result then a question, or two questions: each user message closes as the template
+    closes it, and only the last opens the reply."""
+    renderer = PromptRenderer(tokenizer)
+    messages = [
+        Message("system", "Be brief."), Message("user", "What is 1 + 2?"), Message("user", "<tool_response>3</tool_response>"),
+        Message("assistant", "It is 3."), Message("user", "And 2 + 2?"), Message("user", "Quickly please."),
+    ]  # fmt: skip
+    memo = RenderedSegments()
+    for end in (3, 5, 6):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages[:end]], tokenize=False, add_generation_prompt=True
+        )
+        assert renderer.conversation_ids(messages[:end], memo) == tokenizer.encode(rendered, add_special_tokens=False)
+
+
 def test_ordinary_text_counts_as_the_tokenizer_does(tokenizer: Any) -> None:
     renderer = PromptRenderer(tokenizer)
     for text in ORDINARY:

@@ -9,12 +9,13 @@ from typing import Literal, Optional
 
 import jsonschema
 import pytest
-from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
-from chatcache.langchain import SessionChatHistory
+from chatcache.langchain import CachedChatModel, SessionChatHistory
 from chatcache.model.loading import load_embedder
 from chatcache.model.reply_format import FormatError, ReplyFormats
 from chatcache.steering.hcac import sentence_embed
@@ -221,3 +222,79 @@ def test_auto_calls_the_tool_a_question_is_about_and_answers_others_in_text(lc_m
         [HumanMessage("Weather in Rome?"), weather, ToolMessage("sunny", tool_call_id=weather.tool_calls[0]["id"])]
     )
     assert isinstance(after_result, AIMessage)  # a tool result is not routed: the model answers or calls
+
+
+# A chat template with a tool format of its own, Hermes' as Qwen 2.5's template writes it.
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}\n<|im_start|>assistant\n"
+    "{% for call in message.tool_calls %}{% if not loop.first %}\n{% endif %}"
+    '<tool_call>\n{{ {"name": call.function.name, "arguments": call.function.arguments} | tojson }}\n</tool_call>'
+    "{%- endfor %}<|im_end|>"
+    "{%- elif message.role == 'tool' %}\n<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>"
+    "{%- else %}\n<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}\n<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def hermes_model(build_tiny, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from chatcache import load_chat_model
+
+    directory = build_tiny(tmp_path_factory.mktemp("tiny-hermes"), max_positions=4096)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.chat_template = HERMES_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return load_chat_model(str(directory), device="cpu")
+
+
+def test_a_template_with_hermes_tools_lays_out_the_tools_and_the_history_itself(hermes_model, make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """The model reads the tools in its template's own words, and a history of calls and results
+    as its template renders them; the calls still hold to their schemas and reuse the KV."""
+    from chatcache import TokenTierConfig
+    from chatcache.langchain.messages import to_chatcache
+    from chatcache.model.prompt import PromptRenderer, RenderedSegments
+
+    assert PromptRenderer(hermes_model.tokenizer).renders_hermes_tools
+    assert not PromptRenderer(tiny_model.tokenizer).renders_hermes_tools  # plain ChatML: the documented format
+    engine = make_engine(hermes_model, token_tier=TokenTierConfig(spill_dir=None))
+    model = CachedChatModel(engine=engine, max_tokens=200).bind_tools([add], tool_choice="any")
+    system, question = SystemMessage("You add."), HumanMessage("What is 1 + 2?")
+    called = model.invoke([system, question])
+    assert called.tool_calls and not called.invalid_tool_calls
+    function = convert_to_openai_tool(add, strict=True)["function"]  # as bind_tools converts it
+    spec = {"type": "function", "function": {key: function[key] for key in ("name", "description", "parameters")}}
+
+    def native_ids(messages: list[dict], **extra) -> list[int]:  # type: ignore[no-untyped-def]
+        text = hermes_model.tokenizer.apply_chat_template(messages, tools=[spec], tokenize=False, **extra)
+        return hermes_model.tokenizer.encode(text, add_special_tokens=False)
+
+    asked = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 1 + 2?"}]
+    assert called.usage_metadata["input_tokens"] == len(native_ids(asked, add_generation_prompt=True))
+    call = called.tool_calls[0]
+    result = ToolMessage("3", tool_call_id=call["id"], name="add")
+    again = model.invoke([system, question, called, result, HumanMessage("And 2 + 2?")])
+    structured = asked + [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": call["args"]}}]},
+        {"role": "tool", "content": "3"},
+        {"role": "user", "content": "And 2 + 2?"},
+    ]
+    # Our text for the call and the result renders as the template renders them structured (the
+    # engine feeds the call as the ids it was generated as, which may spell it otherwise).
+    ours = to_chatcache([system, question, called, result, HumanMessage("And 2 + 2?")])
+    assert engine.renderer.with_tools([spec]).conversation_ids(ours, RenderedSegments()) == native_ids(structured, add_generation_prompt=True)
+    assert again.usage_metadata["input_token_details"]["cache_read"] > called.usage_metadata["input_tokens"] // 2
+    assert again.tool_calls
