@@ -87,17 +87,17 @@ def test_a_reply_in_which_the_model_wrote_a_nul_is_shown_and_recorded_with_a_rep
 ) -> None:
     import itertools
 
-    import chatcache.model.scheduler as scheduler_module
+    import chatcache.model.generation as generation_module
 
     nul = tiny_model.tokenizer.convert_tokens_to_ids("\u0100")  # byte-level BPE's token for the byte 0x00
     assert tiny_model.tokenizer.decode([nul]) == "\x00"
-    real, picks = scheduler_module.pick, itertools.count()
+    real, picks = generation_module.pick, itertools.count()
 
     def writes_a_nul(*args, **kwargs):  # type: ignore[no-untyped-def]
         token = real(*args, **kwargs)
         return nul if next(picks) == 1 else token
 
-    monkeypatch.setattr(scheduler_module, "pick", writes_a_nul)
+    monkeypatch.setattr(generation_module, "pick", writes_a_nul)
     stream = engine.stream("s", "Hello", max_new_tokens=4)
     shown = "".join(stream)
     assert stream.reply is not None and nul in stream.reply.token_ids  # the ids stay exact
