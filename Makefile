@@ -40,7 +40,7 @@ chat: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/chatcache chat
 
 test: $(STAMP) $(LLAMA_SERVER)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=25  # the slowest, to keep the suite under 20 minutes
 
 bench: $(STAMP)
 	for name in $(BENCHES); do HF_HUB_OFFLINE=1 $(BIN)/python -m bench.$$name || exit 1; done
