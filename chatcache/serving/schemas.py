@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..model.prompt import Message
+from ..model.reply_format import ReplyFormat
 from ..reply import Reply
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "cache": "stop", "flow": "stop", "action": "stop", "handed_off": "stop", "length": "length", "cancelled": "stop"}
@@ -38,6 +39,34 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema a reply is held to."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = "reply"
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON held to a schema (the
+    decoder lets through only tokens that keep the reply in it)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def reply_format(self) -> ReplyFormat | None:
+        """The engine's reply format; a `ValueError` (a 400) for a schema it cannot hold a reply to."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ReplyFormat.json_object()
+        if self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs json_schema.schema")
+        return ReplyFormat.json_schema(self.json_schema.json_schema)
+
+
 class Generation(BaseModel):
     """The decoding settings a turn may set."""
 
@@ -49,6 +78,14 @@ class Generation(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _holdable(cls, response_format: ResponseFormat | None) -> ResponseFormat | None:
+        if response_format is not None:
+            response_format.reply_format()  # a schema the decoder cannot hold a reply to is a 400 now
+        return response_format
 
     @field_validator("stop")
     @classmethod
@@ -68,6 +105,7 @@ class Generation(BaseModel):
             "top_p": self.top_p,
             "stop": self.stop,
             "seed": self.seed,
+            "reply_format": self.response_format.reply_format() if self.response_format else None,
         }
 
 

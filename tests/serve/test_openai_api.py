@@ -102,3 +102,45 @@ def test_langchain_chat_openai_talks_to_the_server(serve) -> None:  # type: igno
     streamed = "".join(str(piece.content) for piece in chat.stream("Hello there, how are you?"))
     assert isinstance(answer.content, str) and streamed == answer.content
     assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] > 0
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_hold_the_reply_to_the_schema(serve) -> None:  # type: ignore[no-untyped-def]
+    """OpenAI's `response_format`, whole and streamed, from the OpenAI client and LangChain's
+    ChatOpenAI: the tiny model's random weights write noise, yet every reply validates."""
+    import json
+
+    import jsonschema
+    from langchain_openai import ChatOpenAI
+
+    live = serve(answer_cache=False, drift=False)
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused")
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for question in ("Describe Ada.", "Describe Bob."):
+        whole = client.chat.completions.create(
+            model=live.model_id, messages=[{"role": "user", "content": question}], max_tokens=120, response_format=response_format  # type: ignore[arg-type]
+        )
+        jsonschema.validate(json.loads(whole.choices[0].message.content or ""), PERSON)
+        chunks = client.chat.completions.create(
+            model=live.model_id, messages=[{"role": "user", "content": question}], max_tokens=120,  # type: ignore[arg-type]
+            response_format=response_format, stream=True,  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    json_object = client.chat.completions.create(
+        model=live.model_id, messages=HELLO, max_tokens=120, response_format={"type": "json_object"}  # type: ignore[arg-type]
+    )
+    assert isinstance(json.loads(json_object.choices[0].message.content or ""), dict)
+    chat = ChatOpenAI(base_url=f"{live.url}/v1", api_key="unused", model=live.model_id, max_tokens=120, temperature=0)  # type: ignore[arg-type]
+    parsed = chat.with_structured_output({"title": "Person", **PERSON}, method="json_schema").invoke("Describe Ada.")
+    jsonschema.validate(parsed, PERSON)
+    with pytest.raises(openai.BadRequestError, match="not valid"):
+        client.chat.completions.create(
+            model=live.model_id, messages=HELLO, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}  # type: ignore[arg-type]
+        )
