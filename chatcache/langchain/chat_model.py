@@ -47,7 +47,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from ..engine import ChatEngine
 from ..model.prompt import Message
-from ..model.reply_format import ReplyFormat, within_budget
+from ..model.reply_format import from_response_format, within_budget
 from ..model.loading import load_embedder
 from ..model.tools import CALL_OPEN, Tool, call_format, calls_text, parse_calls, tools_prompt
 from ..model.text_stream import word_pieces
@@ -58,7 +58,6 @@ from ..reply import Reply, ReplyStream
 from .messages import to_chatcache
 
 _CALL_PARAMS = ("max_tokens", "temperature", "top_p", "seed")
-_ANY_OBJECT = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean", "null", "array", "object"]}}
 _TOOL_CHOICES: dict[str | bool | None, str] = {None: "auto", "auto": "auto", "none": "none", "any": "any", "required": "any", True: "any"}
 
 
@@ -377,7 +376,7 @@ class CachedChatModel(BaseChatModel):
             else:
                 conversation = _with_tools(conversation, engine.system_prompt, tools)
         elif kwargs.get("response_format"):
-            generation["reply_format"] = _reply_format(kwargs["response_format"], generation["max_new_tokens"])
+            generation["reply_format"] = from_response_format(kwargs["response_format"], generation["max_new_tokens"])
         session_id = kwargs.get("session_id")
         turns = [m for m in conversation if m.role != "system"]
         if session_id and not tools and not kwargs.get("history_managed") and len(turns) == 1:
@@ -503,19 +502,6 @@ def _with_tools(conversation: list[Message], system_prompt: str | None, tools: l
     else:
         system, rest = system_prompt or "", conversation
     return [Message("system", f"{system}\n\n{tools_prompt(tools)}".strip()), *rest]
-
-
-def _reply_format(response_format: dict[str, Any], max_tokens: int) -> ReplyFormat:
-    """OpenAI's `response_format` as the engine's reply format, its strings bounded to the budget."""
-    kind = response_format.get("type")
-    if kind == "json_object":
-        return ReplyFormat.json_schema(within_budget(_ANY_OBJECT, max_tokens))
-    if kind == "json_schema":
-        schema = response_format.get("json_schema", {}).get("schema")
-        if not isinstance(schema, dict):
-            raise ValueError("response_format json_schema needs {'json_schema': {'schema': {...}}}")
-        return ReplyFormat.json_schema(within_budget(schema, max_tokens))
-    raise ValueError(f"Unknown response_format type {kind!r}: use json_schema or json_object")
 
 
 def _tool_fields(text: str) -> dict[str, Any]:

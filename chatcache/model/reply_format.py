@@ -101,6 +101,31 @@ class ReplyFormat:
         return str(llguidance.LLMatcher.grammar_from_regex(self.source))
 
 
+_ANY_VALUE = ["string", "number", "boolean", "null", "array", "object"]
+
+
+def from_response_format(response_format: Mapping[str, Any], max_new_tokens: int | None = None) -> ReplyFormat | None:
+    """OpenAI's `response_format` (`text`, `json_object`, or `json_schema` with
+    `json_schema.schema`) as a reply format; None for text. Given `max_new_tokens`, free strings
+    are bounded to fit it (`within_budget`).
+
+    Raises:
+        ConfigError: an unknown type, or a `json_schema` without a schema.
+    """
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema: Mapping[str, Any] = {"type": "object", "additionalProperties": {"type": _ANY_VALUE}}
+    elif kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")  # type: ignore[assignment]
+        if not isinstance(schema, Mapping):
+            raise ConfigError("response_format of type json_schema needs {'json_schema': {'schema': {...}}}")
+    else:
+        raise ConfigError(f"Unknown response_format type {kind!r}: use text, json_object or json_schema")
+    return ReplyFormat.json_schema(within_budget(schema, max_new_tokens) if max_new_tokens is not None else schema)
+
+
 class FormatError(RuntimeError):
     """The decoder left a reply format (a defect: the mask allows only tokens that stay in it)."""
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..model.prompt import Message
-from ..model.reply_format import ReplyFormat
+from ..model.reply_format import ReplyFormat, from_response_format
 from ..reply import Reply
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "cache": "stop", "flow": "stop", "action": "stop", "handed_off": "stop", "length": "length", "cancelled": "stop"}
@@ -58,13 +58,7 @@ class ResponseFormat(BaseModel):
 
     def reply_format(self) -> ReplyFormat | None:
         """The engine's reply format; a `ValueError` (a 400) for a schema it cannot hold a reply to."""
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return ReplyFormat.json_object()
-        if self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs json_schema.schema")
-        return ReplyFormat.json_schema(self.json_schema.json_schema)
+        return from_response_format(self.model_dump(by_alias=True, exclude_none=True))
 
 
 class Generation(BaseModel):
