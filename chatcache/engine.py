@@ -16,11 +16,10 @@ was said.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +44,12 @@ from .steering.drift import DriftConfig
 from .errors import ConfigError, ContextWindowError, InvalidMessageError
 from .model.generation import prefill
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
+from .steering.tool_router import ROUTE_THRESHOLD, ToolRouter
+from .steering.tool_use import bind_tools, tool_of
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
 from .model.text_stream import word_pieces
+from .model.tools import ToolChoice
 from .model.loading import ChatModel, load_chat_model, load_embedder
 from .model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
 from .model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
@@ -250,6 +252,7 @@ class ChatEngine:
         self._key_locks = KeyLocks()  # one `complete` turn at a time per token-tier key
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self._tool_embed: Embed | None = None  # the tool router's, loaded on the first call with tools
         self.prefetcher = self.answers.prefetcher(store, lambda: self._busy > 0) if prefetch and self.answers else None
 
     @property
@@ -362,6 +365,9 @@ class ChatEngine:
         repetition_penalty: float = 1.0,
         reply_format: ReplyFormat | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = False,
+        tool_route_threshold: float | None = ROUTE_THRESHOLD,
     ) -> ReplyStream:
         """Answer the last user message of a conversation the caller keeps (LangChain's way, or
         an OpenAI-style request), through the same steps as a session's turn but recording nothing.
@@ -371,29 +377,41 @@ class ChatEngine:
         start (`conversation_key`), so the next call, which repeats these messages plus a turn,
         prefills only the new tail. Without a system message the engine's system prompt is put
         first. A conversation that does not fit the context window is refused, not cut: the
-        caller owns its history. `tools` (OpenAI function specs) are laid out by the chat
-        template, for templates that render Hermes' tool format (`PromptRenderer.renders_hermes_tools`).
+        caller owns its history.
+
+        With `tools` (OpenAI function specs) the reply is text or calls in the format of
+        `chatcache.model.tools` (read them with `parse_calls`), as `tool_choice` allows ("auto",
+        "any", "none" or a tool's name); `parallel_tool_calls` lets one reply make several. Under
+        "auto", a question at least `tool_route_threshold` close in meaning to a tool is answered
+        by a call of it (`ToolRouter`; None leaves it to the model). See `steering/tool_use.py`.
 
         Raises:
             InvalidMessageError: no messages, an unknown role, text no database can store, a
                 last message that is not the user's or is empty (at once), or a conversation
                 that does not fit the context window (when iteration starts).
+            ConfigError: a malformed tool, a choice that names no bound tool, tools with a
+                reply format, or a format a remote model cannot hold a reply to.
         """
         params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty, reply_format)
+        renderer, told = self.renderer, ""
+        if tools:
+            if reply_format is not None:
+                raise ConfigError("Bind tools or a reply format, not both: a reply is either a call or the formatted answer.")
+            route = self._tool_router(tool_route_threshold).called if tool_route_threshold is not None else None
+            try:
+                bound = bind_tools(
+                    self._given(messages), tools, tool_choice, parallel_tool_calls, max_new_tokens, self.renderer, self.system_prompt, route
+                )
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+            messages, renderer, told = bound.messages, bound.renderer, bound.told
+            params = replace(params, reply_format=bound.reply_format)
         if isinstance(self.runner, RemoteRunner):
             self.runner.check(params)
         conversation, question = self._given_conversation(messages, kv_key)
         system = conversation.system
-        renderer = self.renderer
-        if tools:
-            if not self.renderer.renders_hermes_tools:
-                raise ConfigError(
-                    "This model's chat template does not lay out tools in Hermes' format: describe them in the "
-                    "system message instead (chatcache.model.tools.tools_prompt)."
-                )
-            renderer = self.renderer.with_tools(tools)
-        # Tools the template lays out are part of what the model was told, as the system message is.
-        told = (system.content if system else "") + (json.dumps(list(tools), sort_keys=True) if tools else "")
+        # Tools are part of what the model was told, as the system message is.
+        told = (system.content if system else "") + told
         turn = Turn(
             conversation.id, params, time.perf_counter(), question, given=True,
             prefix=renderer.system_ids(system.content) if system else [],
@@ -403,11 +421,28 @@ class ChatEngine:
         pieces = self._counted(self._run_given(conversation, turn, holder))
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
 
+    def _tool_router(self, threshold: float) -> ToolRouter:
+        """A router on the engine's embedder (the bundled one for an engine that loaded none)."""
+        with self._busy_lock:
+            if self._tool_embed is None:
+                self._tool_embed = self._embed or sentence_embed(load_embedder("bundled"))
+        return ToolRouter(self._tool_embed, threshold)
+
     def may_answer_without_model(
-        self, text: str, session_id: str | None = None, messages: Sequence[Message] | None = None, temperature: float = 0.0
+        self,
+        text: str,
+        session_id: str | None = None,
+        messages: Sequence[Message] | None = None,
+        temperature: float = 0.0,
+        reply_format: ReplyFormat | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = False,
+        max_new_tokens: int = 256,
     ) -> bool:
         """Whether a turn might be served without the model (a cached answer, a flow's question);
-        False only when it surely needs the model.
+        False only when it surely needs the model. Takes the turn's own settings: an answer is
+        kept per reply format and per bound tools.
 
         Cheap and without the embedder, so a saturated server can refuse the others at once: an
         exact repeat of a cached question passes, a paraphrase does not (telling it from a miss
@@ -418,13 +453,23 @@ class ChatEngine:
             return True
         if self.answers is None or temperature > 0:
             return False
+        formats = [reply_format.key if reply_format else ""]
         if messages is not None:
             try:
                 given, question = self._given_conversation(messages)
-            except InvalidMessageError:
+                told = given.system.content if given.system else ""
+                if tools:  # whichever choice the router would make: each has its format
+                    choices = [tool_choice, *([tool_of(spec).name for spec in tools] if tool_choice == "auto" else [])]
+                    bound = [
+                        bind_tools(self._given(messages), tools, choice, parallel_tool_calls, max_new_tokens, self.renderer, self.system_prompt, None)
+                        for choice in choices
+                    ]
+                    given, question = self._given_conversation(bound[0].messages)
+                    told = (given.system.content if given.system else "") + bound[0].told
+                    formats = [b.reply_format.key if b.reply_format else "" for b in bound]
+            except (InvalidMessageError, ValueError):
                 return True  # the turn itself says what is wrong with it
-            bot = bot_fingerprint(given.system.content if given.system else None)
-            return self.answers.holds_exact(given, question.content, bot)
+            return self.answers.holds_exact(given, question.content, bot_fingerprint(told or None), formats)
         assert session_id is not None
         try:
             conversation = self.conversations.open(session_id, create=False)
@@ -433,7 +478,7 @@ class ChatEngine:
         if not conversation.lock.acquire(blocking=False):
             return True  # a turn runs on it: this one waits behind it anyway
         try:
-            return self.answers.holds_exact(conversation, text)
+            return self.answers.holds_exact(conversation, text, reply_formats=formats)
         finally:
             conversation.lock.release()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from storage import SessionStore
@@ -123,15 +123,19 @@ class CachedAnswers:
         base = replace(self.base, bot=bot or self.base.bot, reply_format=reply_format)
         return answer_scope(base, self.conversations.user_id, conversation, context, question)
 
-    def holds_exact(self, conversation: Conversation, question: str, bot: str | None = None) -> bool:
-        """Whether this exact question has a live answer where this turn could look (no embedding:
-        admission control asks it of every turn while the model is saturated)."""
-        where = self.scope(conversation, TurnContext(), question, bot=bot)
-        if where is None:
-            return False
-        base = replace(self.base, bot=bot) if bot is not None else self.base
-        # A topic change would empty the window: the context-free scope is a candidate too.
-        return self.cache.contains(question, where.scope) or self.cache.contains(question, base)
+    def holds_exact(self, conversation: Conversation, question: str, bot: str | None = None, reply_formats: Sequence[str] = ("",)) -> bool:
+        """Whether this exact question has a live answer where this turn could look, in one of
+        the reply formats (`ReplyFormat.key`, "" for free text) the turn may be held to (no
+        embedding: admission control asks it of every turn while the model is saturated)."""
+        for reply_format in reply_formats:
+            where = self.scope(conversation, TurnContext(), question, bot=bot, reply_format=reply_format)
+            if where is None:
+                continue
+            base = replace(self.base, bot=bot or self.base.bot, reply_format=reply_format)
+            # A topic change would empty the window: the context-free scope is a candidate too.
+            if self.cache.contains(question, where.scope) or self.cache.contains(question, base):
+                return True
+        return False
 
     @staticmethod
     def _kept_decoding(params: GenerationConfig) -> bool:

@@ -46,14 +46,10 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from ..engine import ChatEngine
-from ..model.prompt import Message
-from ..model.reply_format import from_response_format, within_budget
-from ..model.loading import load_embedder
-from ..model.tools import CALL_OPEN, Tool, call_format, calls_text, parse_calls, tools_prompt
+from ..model.reply_format import from_response_format
+from ..model.tools import CALL_OPEN, parse_calls
 from ..model.text_stream import word_pieces
-from ..model.tools import ToolCall as TextToolCall
-from ..steering.hcac import sentence_embed
-from ..steering.tool_router import ROUTE_THRESHOLD, ToolRouter
+from ..steering.tool_router import ROUTE_THRESHOLD
 from ..reply import Reply, ReplyStream
 from .messages import to_chatcache
 
@@ -97,7 +93,6 @@ class CachedChatModel(BaseChatModel):
     tenant: str = "default"
     streaming: bool = False
     tool_route_threshold: float | None = ROUTE_THRESHOLD
-    _router: ToolRouter | None = PrivateAttr(default=None)
     _engines: dict[str, ChatEngine] = PrivateAttr(default_factory=dict)  # per-call `model=` overrides
 
     @model_validator(mode="after")
@@ -359,22 +354,17 @@ class CachedChatModel(BaseChatModel):
         generation: dict[str, Any] = {name: kwargs.get(name, getattr(self, name)) for name in _CALL_PARAMS}
         generation["max_new_tokens"] = generation.pop("max_tokens")
         generation["stop"] = stop if stop is not None else self.stop
-        tools = [_tool(spec) for spec in kwargs.get("tools") or []]
+        tools = kwargs.get("tools") or []
         choice = kwargs.get("tool_choice") or "auto"
         if tools and kwargs.get("response_format"):
             raise ValueError("Bind tools or a response_format, not both: a reply is either a call or the structured answer.")
-        if tools and choice == "auto" and isinstance(messages[-1], HumanMessage):
-            choice = self._route(conversation[-1].content, tools, choice)
         if tools:
-            budgeted = [
-                Tool(t.name, t.description, within_budget(t.parameters, generation["max_new_tokens"], _wrapper_tokens(engine, t)))
-                for t in tools
-            ]
-            generation["reply_format"] = call_format(budgeted, choice, bool(kwargs.get("parallel_tool_calls")))
-            if engine.renderer.renders_hermes_tools:  # the template tells the model of the tools in its own words
-                generation["tools"] = [tool.spec() for tool in tools]
-            else:
-                conversation = _with_tools(conversation, engine.system_prompt, tools)
+            generation.update(
+                tools=tools,
+                tool_choice=choice,
+                parallel_tool_calls=bool(kwargs.get("parallel_tool_calls")),
+                tool_route_threshold=self.tool_route_threshold if isinstance(messages[-1], HumanMessage) else None,
+            )
         elif kwargs.get("response_format"):
             generation["reply_format"] = from_response_format(kwargs["response_format"], generation["max_new_tokens"])
         session_id = kwargs.get("session_id")
@@ -405,17 +395,6 @@ class CachedChatModel(BaseChatModel):
                 embedder=engine.embed or "bundled",
             )
         return self._engines[model]
-
-    def _route(self, question: str, tools: list[Tool], choice: str) -> str:
-        """`choice`, or the tool the question is about when the router is on and finds one."""
-        if self.tool_route_threshold is None:
-            return choice
-        if self._router is None:
-            engine: ChatEngine = self.engine
-            embed = engine.embed or sentence_embed(load_embedder("bundled"))
-            self._router = ToolRouter(embed, self.tool_route_threshold)
-        called = self._router.called(question, tools)
-        return called[0].name if called else choice
 
     def _report(self, reply: Reply | None, model: str | None) -> tuple[UsageMetadata, dict[str, Any]]:
         """LangChain's usage metadata and our cache report (read by `CacheStatsHandler`)."""
@@ -483,25 +462,6 @@ def _call_chunks(tool_calls: list[ToolCall]) -> list[ToolCallChunk]:
         ToolCallChunk(name=call["name"], args=json.dumps(call["args"]), id=call["id"], index=index, type="tool_call_chunk")
         for index, call in enumerate(tool_calls)
     ]
-
-
-def _tool(spec: dict[str, Any]) -> Tool:
-    function = spec["function"]
-    return Tool(function["name"], function.get("description", ""), function.get("parameters") or {"type": "object", "properties": {}})
-
-
-def _wrapper_tokens(engine: ChatEngine, tool: Tool) -> int:
-    """The tokens a call of `tool` takes besides its arguments' values."""
-    return len(engine.renderer.encode_text(calls_text([TextToolCall(tool.name, {})])))
-
-
-def _with_tools(conversation: list[Message], system_prompt: str | None, tools: list[Tool]) -> list[Message]:
-    """The conversation with the tools described at the end of its system message."""
-    if conversation[0].role == "system":
-        system, rest = conversation[0].content, conversation[1:]
-    else:
-        system, rest = system_prompt or "", conversation
-    return [Message("system", f"{system}\n\n{tools_prompt(tools)}".strip()), *rest]
 
 
 def _tool_fields(text: str) -> dict[str, Any]:

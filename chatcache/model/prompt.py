@@ -19,6 +19,7 @@ tokens come out as special ids.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from functools import cached_property
@@ -31,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from .plain_text import PlainText
 
 _PLACEHOLDER = "\u2063chatcache-reply\u2063"
+TOOL_RENDERERS = 32  # tool sets whose renderers are kept (`PromptRenderer.with_tools`)
 
 
 @dataclass
@@ -76,10 +78,24 @@ class PromptRenderer:
         eos = tokenizer.eos_token_id
         self._eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.incremental = self._is_prefix_stable()
+        self._with_tools: OrderedDict[str, PromptRenderer] = OrderedDict()
+        self._with_tools_lock = threading.Lock()
 
     def with_tools(self, tools: Sequence[Mapping[str, Any]]) -> PromptRenderer:
-        """A renderer whose template also lays out `tools` (where the template puts them)."""
-        return PromptRenderer(self.tokenizer, tools)
+        """A renderer whose template also lays out `tools` (where the template puts them).
+
+        Kept for the last `TOOL_RENDERERS` tool sets: an agent binds the same tools on every
+        call, and a new renderer probes its template (several renders) before its first prompt.
+        """
+        key = json.dumps(list(tools), sort_keys=True)
+        with self._with_tools_lock:
+            renderer = self._with_tools.get(key)
+            if renderer is None:
+                renderer = self._with_tools[key] = PromptRenderer(self.tokenizer, tools)
+                while len(self._with_tools) > TOOL_RENDERERS:
+                    self._with_tools.popitem(last=False)
+            self._with_tools.move_to_end(key)
+            return renderer
 
     @cached_property
     def renders_hermes_tools(self) -> bool:

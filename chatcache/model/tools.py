@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .prompt import Message
 from .reply_format import JSON_LAYOUT, ReplyFormat
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -71,9 +72,22 @@ def calls_text(calls: Sequence[ToolCall]) -> str:
     )
 
 
+RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
+
+
 def result_text(content: str) -> str:
     """A tool's result, as the user message the model reads it in."""
-    return f"<tool_response>\n{content}\n</tool_response>"
+    return f"{RESULT_OPEN}\n{content}\n{RESULT_CLOSE}"
+
+
+def results_message(results: Sequence[str]) -> Message:
+    """The results of one reply's calls, in order, as the one user message the model reads them in."""
+    return Message("user", "\n".join(result_text(result) for result in results))
+
+
+def is_result(text: str) -> bool:
+    """Whether a user message brings tool results back (rather than asking something)."""
+    return text.startswith(RESULT_OPEN)
 
 
 def call_format(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> ReplyFormat | None:

@@ -128,26 +128,38 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         if x_session_id is not None:  # the server keeps the conversation: only the new message comes
             if len(body.messages) != 1 or body.messages[0].role != "user":
                 raise ApiError(400, "With X-Session-Id the server keeps the conversation: send only the new user message.", "invalid_request_error", "invalid_request")
+            if body.tools:
+                raise ApiError(
+                    400, "Tool calls and their results live in the conversation the client keeps: send tools without X-Session-Id.",
+                    "invalid_request_error", "invalid_request",
+                )  # fmt: skip
             stored = _stored(tenant, x_session_id)
 
             def start(ticket: Ticket) -> ReplyStream:
                 return engine.stream(stored, body.messages[0].message().content, **options, admit=ticket.admit)
 
             def cache_may_serve() -> bool:
-                return engine.may_answer_without_model(body.messages[0].message().content, session_id=stored, temperature=body.temperature)
+                return engine.may_answer_without_model(
+                    body.messages[0].message().content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"]
+                )
 
             least = engine.least_prefill(body.messages[0].message().content)
             return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), x_session_id)
-        messages = [m.message() for m in body.messages]
+        messages = schemas.conversation(body.messages)
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
+        tool_options = body.tool_options()
 
         def start_given(ticket: Ticket) -> ReplyStream:
-            return engine.complete(messages, kv_key=key, **options, admit=ticket.admit)
+            return engine.complete(messages, kv_key=key, **options, **tool_options, admit=ticket.admit)
 
         def given_may_skip() -> bool:
-            return engine.may_answer_without_model(messages[-1].content, messages=messages, temperature=body.temperature)
+            return engine.may_answer_without_model(
+                messages[-1].content, messages=messages, temperature=body.temperature, reply_format=options["reply_format"],
+                max_new_tokens=options["max_new_tokens"], **tool_options,
+            )  # fmt: skip
 
-        return await answer_turn(s, start_given, given_may_skip, engine.least_prefill(messages[-1].content), body, lambda: None, None)
+        least = engine.least_prefill(messages[-1].content)
+        return await answer_turn(s, start_given, given_may_skip, least, body, lambda: None, None, may_call=body.may_call)
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: schemas.SessionCreate | None = None, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -200,7 +212,9 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             return engine.stream(stored, body.content, **body.options(s.settings.max_tokens), admit=ticket.admit)
 
         def cache_may_serve() -> bool:
-            return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature)
+            return engine.may_answer_without_model(
+                body.content, session_id=stored, temperature=body.temperature, reply_format=body.options(s.settings.max_tokens)["reply_format"]
+            )
 
         return await answer_turn(s, start, cache_may_serve, engine.least_prefill(body.content), body, s.hold_session(stored), session_id)
 

@@ -3,13 +3,17 @@ and the sessions API. Pydantic checks every request before anything runs (400 wi
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..model.prompt import Message
+from ..model.tools import ToolCall, ToolChoice, call_format, calls_text, parse_calls, results_message
+from ..steering.tool_use import tool_of
 from ..model.reply_format import ReplyFormat, from_response_format
 from ..reply import Reply
 
@@ -21,18 +25,72 @@ class TextPart(BaseModel):
     text: str
 
 
-class ChatMessage(BaseModel):
-    """One message; `developer` is OpenAI's newer name for the system role."""
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallItem(BaseModel):
+    """A call an earlier assistant message made, as the client sends it back."""
 
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def call(self) -> ToolCall:
+        try:
+            arguments = json.loads(self.function.arguments or "{}")
+        except json.JSONDecodeError as error:
+            raise ValueError(f"the arguments of call {self.id!r} are not JSON: {error}") from None
+        if not isinstance(arguments, dict):
+            raise ValueError(f"the arguments of call {self.id!r} must be a JSON object")
+        return ToolCall(self.function.name, arguments)
+
+
+class ChatMessage(BaseModel):
+    """One message; `developer` is OpenAI's newer name for the system role. An assistant message
+    may carry the tool calls it made, and a `tool` message brings one call's result back."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.tool_calls:
+            for item in self.tool_calls:
+                item.call()  # arguments that are not a JSON object are a 400 now
+        return self
+
+    @property
+    def text(self) -> str:
+        content = self.content or ""
+        return content if isinstance(content, str) else "".join(part.text for part in content)
 
     def message(self) -> Message:
-        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return Message("system" if self.role == "developer" else self.role, text)
+        """The message as the model reads it: a reply's calls written after its text."""
+        if self.tool_calls:
+            return Message("assistant", self.text + calls_text([item.call() for item in self.tool_calls]))
+        return Message("system" if self.role == "developer" else "user" if self.role == "tool" else self.role, self.text)
+
+
+def conversation(messages: list[ChatMessage]) -> list[Message]:
+    """The messages as the model reads them: the results of one reply's calls, in a row, as one
+    user message (`results_message`)."""
+    converted: list[Message] = []
+    for is_tool, run in itertools.groupby(messages, key=lambda m: m.role == "tool"):
+        converted += [results_message([m.text for m in run])] if is_tool else [m.message() for m in run]
+    return converted
 
 
 class StreamOptions(BaseModel):
@@ -103,8 +161,36 @@ class Generation(BaseModel):
         }
 
 
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(BaseModel):
+    """A tool the model may call: OpenAI's function tool."""
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(Generation):
-    """`POST /v1/chat/completions`; fields this server does not use (`logprobs`, ...) are ignored."""
+    """`POST /v1/chat/completions`; fields this server does not use (`logprobs`, ...) are ignored.
+
+    `parallel_tool_calls` is false unless asked for (OpenAI's default is true): a small model
+    allowed several calls tends to repeat the one it made.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -112,14 +198,51 @@ class ChatCompletionRequest(Generation):
     messages: list[ChatMessage] = Field(min_length=1)
     n: int = Field(1, ge=1, le=1)
     user: str | None = Field(None, max_length=256)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = False
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[dict[str, Any]] | None) -> None:
-        if tools:
-            raise ValueError("tool calling is not supported by this server yet")
-        return None
+    @model_validator(mode="after")
+    def _results_answer_calls(self) -> ChatCompletionRequest:
+        called: set[str] = set()  # the calls of the last assistant message, by id
+        for message in self.messages:
+            if message.role == "tool" and message.tool_call_id not in called:
+                raise ValueError(
+                    "a message with role 'tool' must answer a call of the assistant message before it: "
+                    f"its tool_call_id {message.tool_call_id!r} names none of that message's tool_calls"
+                )
+            if message.role != "tool":
+                called = {item.id for item in message.tool_calls or []}
+        return self
+
+    @model_validator(mode="after")
+    def _tools_hold(self) -> ChatCompletionRequest:
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if self.tools and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("send tools or a response_format, not both: a reply is either a call or the formatted answer")
+        if self.tools:  # a choice that names no tool, or a schema no call can be held to, is a 400 now
+            call_format([tool_of(spec) for spec in self.tool_specs()], self.choice(), self.parallel_tool_calls)
+        return self
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or []]
+
+    def choice(self) -> ToolChoice:
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return {None: "auto", "auto": "auto", "none": "none", "required": "any"}[self.tool_choice]
+
+    @property
+    def may_call(self) -> bool:
+        """Whether the reply may be tool calls."""
+        return bool(self.tools) and self.choice() != "none"
+
+    def tool_options(self) -> dict[str, Any]:
+        """The engine's keyword arguments for the bound tools (none without them)."""
+        if not self.tools:
+            return {}
+        return {"tools": self.tool_specs(), "tool_choice": self.choice(), "parallel_tool_calls": self.parallel_tool_calls}
 
 
 class SessionCreate(BaseModel):
@@ -183,20 +306,35 @@ def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None)
     }
 
 
-def completion(cid: str, model: str, reply: Reply, extension: dict[str, Any]) -> dict[str, Any]:
+def reply_message(reply: Reply, may_call: bool) -> tuple[dict[str, Any], str]:
+    """The assistant message of a reply and its finish reason: its calls, where it made any."""
+    reason = FINISH_REASONS.get(reply.stats.finish_reason, "stop")
+    if may_call:
+        try:
+            head, calls = parse_calls(reply.text)
+        except ValueError:  # a call cut short by the token budget: the text, and why it ended
+            return {"role": "assistant", "content": reply.text}, reason
+        if calls:
+            return {"role": "assistant", "content": head or None, "tool_calls": tool_calls(calls)}, "tool_calls"
+    return {"role": "assistant", "content": reply.text}, reason
+
+
+def tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Calls as OpenAI returns them, each with a new id and its arguments as JSON text."""
+    return [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+        for c in calls
+    ]
+
+
+def completion(cid: str, model: str, reply: Reply, extension: dict[str, Any], may_call: bool = False) -> dict[str, Any]:
+    message, reason = reply_message(reply, may_call)
     return {
         "id": cid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": reply.text},
-                "finish_reason": FINISH_REASONS.get(reply.stats.finish_reason, "stop"),
-                "logprobs": None,
-            }
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
         "usage": usage(reply),
         "chatcache": extension,
     }

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..model.tools import CALL_OPEN
 from ..reply import AsyncReplyStream, Reply, ReplyStream
 from . import schemas
 from .admission import Overloaded, Ticket
@@ -28,8 +29,12 @@ async def answer_turn(
     body: schemas.Generation,
     release: Callable[[], None],
     session_id: str | None,
+    may_call: bool = False,
 ) -> JSONResponse | StreamingResponse:
     """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed.
+
+    Where the reply `may_call` tools, a reply that opens a call is held to its end and sent as
+    its calls (streamed as one `tool_calls` delta per call); any other streams as text.
 
     While even a turn prefilling only its new message (`least_prefill` tokens) would be refused,
     a turn that surely needs the model is refused at once, before the engine does any work (its
@@ -74,20 +79,28 @@ async def answer_turn(
         reply = stream.reply
         if reply is None:
             raise ApiError(503, "The turn did not finish.", "service_unavailable", "unfinished")
-        return JSONResponse(schemas.completion(cid, model, reply, finish(reply)))
+        return JSONResponse(schemas.completion(cid, model, reply, finish(reply), may_call))
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def events() -> AsyncIterator[str]:
         try:
             yield sse(schemas.chunk(cid, model, {"role": "assistant", "content": ""}))
-            if first is not None:
+            holds_call = may_call and first is not None and first.startswith(CALL_OPEN[0])  # free text never opens with it
+            if first is not None and not holds_call:
                 yield sse(schemas.chunk(cid, model, {"content": first}))
+            if first is not None:
                 async for piece in stream:
-                    yield sse(schemas.chunk(cid, model, {"content": piece}))
+                    if not holds_call:
+                        yield sse(schemas.chunk(cid, model, {"content": piece}))
             reply = stream.reply
             if reply is not None:
-                reason = schemas.FINISH_REASONS.get(reply.stats.finish_reason, "stop")
+                message, reason = schemas.reply_message(reply, holds_call)
+                if holds_call and "tool_calls" in message:
+                    for index, call in enumerate(message["tool_calls"]):
+                        yield sse(schemas.chunk(cid, model, {"tool_calls": [{"index": index, **call}]}))
+                elif holds_call:  # a call cut short: its text, as it would have streamed
+                    yield sse(schemas.chunk(cid, model, {"content": message["content"]}))
                 yield sse(schemas.chunk(cid, model, {}, reason, chatcache=finish(reply)))
                 if include_usage:
                     yield sse({**schemas.chunk(cid, model, {}), "choices": [], "usage": schemas.usage(reply)})
