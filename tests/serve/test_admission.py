@@ -157,6 +157,9 @@ def test_while_saturated_a_turn_that_needs_the_model_is_refused_before_the_engin
         served = http.post("/v1/sessions/s/messages", json={"content": "What are your opening hours?"})
         assert served.status_code == 200, served.text
         assert served.json()["choices"][0]["message"]["content"] == "Nine to five." and started == ["stream"]
+        as_json = {"content": "What are your opening hours?", "response_format": {"type": "json_object"}}
+        assert http.post("/v1/sessions/s/messages", json=as_json).status_code == 429  # the stored answer is free text
+        assert started == ["stream"]  # refused before the engine ran
         paraphrase = http.post("/v1/sessions/s/messages", json={"content": "When do you open?"})
         assert paraphrase.status_code == 429  # telling a paraphrase from a miss would take the embedder's time
 
