@@ -49,7 +49,7 @@ from .steering.tool_use import bind_tools, tool_of
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
 from .model.text_stream import word_pieces
-from .model.tools import ToolChoice
+from .model.tools import HERMES, CallSyntax, ToolChoice, written
 from .model.loading import ChatModel, load_chat_model, load_embedder
 from .model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
 from .model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
@@ -60,7 +60,7 @@ from .tiers.token_tier import TokenTier, TokenTierStats
 from .tiers.turn_tier import TurnTier, TurnTierConfig
 
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # a tool message brings one call's result back (`complete`)
 
 Admit = Callable[[int, bool], None]
 """Admission control for one turn: called with the prompt tokens the model would have to
@@ -498,21 +498,29 @@ class ChatEngine:
 
     def _given(self, messages: Sequence[Message]) -> list[Message]:
         """The caller's conversation, checked, with the engine's system prompt first if it has none,
-        and our own earlier replies in it carrying the ids they were generated as."""
+        tool calls and results written as the model reads them (`tools.written`), and our own
+        earlier replies in it carrying the ids they were generated as."""
         if not messages:
             raise InvalidMessageError("No messages: send at least one user message.")
         for message in messages:
             if message.role not in ROLES:
                 raise InvalidMessageError(f"Unknown role {message.role!r}: use one of {', '.join(ROLES)}.")
+            if message.tool_calls and message.role != "assistant":
+                raise InvalidMessageError(f"Only assistant messages make tool calls, not a {message.role} message.")
             check_storable(message.content, f"A {message.role} message")  # the tokenizer and the answer cache would fail on it later
-        if messages[-1].role != "user":
-            raise InvalidMessageError(f"The last message must be the user's, not the {messages[-1].role}'s.")
+        if messages[-1].role not in ("user", "tool"):
+            raise InvalidMessageError(f"The last message must be the user's or a tool's result, not the {messages[-1].role}'s.")
         if not messages[-1].content.strip():
             raise InvalidMessageError("The message is empty: type something to send.")
-        given = [self._reply_ids.attach(m) for m in messages]
+        given = [self._reply_ids.attach(m) for m in written(messages, self.call_syntax)]
         if given[0].role != "system" and self.system_prompt:
             given.insert(0, Message("system", self.system_prompt))
         return given
+
+    @property
+    def call_syntax(self) -> CallSyntax:
+        """How this model writes tool calls: its chat template's way, else Hermes' (`model/tools.py`)."""
+        return self.renderer.tool_syntax or HERMES
 
     def _counted(self, pieces: Generator[str, None, None]) -> Generator[str, None, None]:
         """Mark the engine busy while a user turn runs: prefetch waits, and stops mid-answer."""

@@ -47,7 +47,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from ..engine import ChatEngine
 from ..model.reply_format import from_response_format
-from ..model.tools import CALL_OPEN, parse_calls
+from ..model.tools import CallSyntax, parse_calls
 from ..model.text_stream import word_pieces
 from ..steering.tool_router import ROUTE_THRESHOLD
 from ..reply import Reply, ReplyStream
@@ -257,14 +257,14 @@ class CachedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        reply_stream, calls_bound = self._start(messages, stop, kwargs)
+        reply_stream, calls = self._start(messages, stop, kwargs)
         for piece in reply_stream:
             if run_manager:
                 run_manager.on_llm_new_token(piece)
         reply = reply_stream.reply
         text = reply.text if reply else ""
         usage, metadata = self._report(reply, kwargs.get("model"))
-        fields = _tool_fields(text) if calls_bound else {"content": text}
+        fields = _tool_fields(text, calls) if calls is not None else {"content": text}
         message = AIMessage(usage_metadata=usage, response_metadata=metadata, **fields)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -280,9 +280,9 @@ class CachedChatModel(BaseChatModel):
         if cached:
             yield from _replayed(cached[0], run_manager)
             return
-        reply_stream, calls_bound = self._start(messages, stop, kwargs)
+        reply_stream, calls = self._start(messages, stop, kwargs)
         streamed: list[ChatGenerationChunk] = []
-        for chunk in self._stream_reply(reply_stream, calls_bound, run_manager, kwargs):
+        for chunk in self._stream_reply(reply_stream, calls, run_manager, kwargs):
             streamed.append(chunk)
             yield chunk
         reply = reply_stream.reply
@@ -308,29 +308,30 @@ class CachedChatModel(BaseChatModel):
     def _stream_reply(
         self,
         reply_stream: ReplyStream,
-        calls_bound: bool,
+        calls: CallSyntax | None,
         run_manager: CallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> Iterator[ChatGenerationChunk]:
-        """The engine's reply as chunks: text as it comes, a possible tool call held to its end."""
+        """The engine's reply as chunks: text as it comes, a possible tool call (written in
+        `calls`, where the reply may make them) held to its end."""
         held: list[str] | None = None  # a reply that may be a tool call is held until it ends
+        syntax = calls
         try:
             for piece in reply_stream:
-                if held is None and calls_bound and (kwargs.get("tool_choice") != "auto" or piece.startswith(CALL_OPEN[0])):
+                if held is None and calls is not None and (kwargs.get("tool_choice") != "auto" or piece.startswith(calls.first)):
                     held = []
                 if held is not None:
                     held.append(piece)
                     continue
-                if calls_bound:
-                    calls_bound = False  # free text: a call cannot follow it
+                calls = None  # free text: a call cannot follow it
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                 if run_manager:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
         finally:
             reply_stream.close()  # a reader that stops early cancels the generation
-        if held is not None:
-            fields = _tool_fields("".join(held))
+        if held is not None and syntax is not None:
+            fields = _tool_fields("".join(held), syntax)
             chunk = ChatGenerationChunk(
                 message=AIMessageChunk(
                     content=fields["content"],
@@ -347,8 +348,8 @@ class CachedChatModel(BaseChatModel):
             message=AIMessageChunk(content="", usage_metadata=usage, response_metadata=metadata, chunk_position="last")
         )
 
-    def _start(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[ReplyStream, bool]:
-        """Start the engine on the call; also whether bound tools may make the reply a call."""
+    def _start(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[ReplyStream, CallSyntax | None]:
+        """Start the engine on the call; also how the model writes calls, where bound tools may make the reply one."""
         conversation = to_chatcache(messages)
         engine = self._engine_for(kwargs.get("model"))
         generation: dict[str, Any] = {name: kwargs.get(name, getattr(self, name)) for name in _CALL_PARAMS}
@@ -376,9 +377,9 @@ class CachedChatModel(BaseChatModel):
                     "With a session_id the engine keeps the conversation and its system prompt: set "
                     "CachedChatModel(system_prompt=...) instead of sending a different SystemMessage."
                 )
-            return engine.stream(str(session_id), turns[0].content, **generation), False
+            return engine.stream(str(session_id), turns[0].content, **generation), None
         kv_key = f"lc-session:{session_id}" if session_id else None
-        return engine.complete(conversation, kv_key=kv_key, **generation), bool(tools) and choice != "none"
+        return engine.complete(conversation, kv_key=kv_key, **generation), engine.call_syntax if tools and choice != "none" else None
 
     def _engine_for(self, model: str | None) -> ChatEngine:
         """The engine that runs a call: this model's, or one on the call's `model=` override."""
@@ -464,10 +465,10 @@ def _call_chunks(tool_calls: list[ToolCall]) -> list[ToolCallChunk]:
     ]
 
 
-def _tool_fields(text: str) -> dict[str, Any]:
+def _tool_fields(text: str, syntax: CallSyntax) -> dict[str, Any]:
     """An AI message's content and tool calls, read from a reply that may call tools."""
     try:
-        head, calls = parse_calls(text)
+        head, calls = parse_calls(text, syntax)
     except ValueError as error:
         invalid = InvalidToolCall(name=None, args=text, id=_call_id(), error=str(error), type="invalid_tool_call")
         return {"content": text, "invalid_tool_calls": [invalid]}

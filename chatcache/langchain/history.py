@@ -17,7 +17,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from storage import SessionStore, UnknownSessionError
 
-from .messages import model_text, role_of
+from ..model.tools import HERMES, written
+from .messages import converted
 
 _MESSAGE = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
 
@@ -60,7 +61,9 @@ class SessionChatHistory(BaseChatMessageHistory):
         ]
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        rows = [(role_of(m), model_text(m), message_to_dict(m)) for m in messages]  # check them all before writing any
+        # Checked all before any is written; stored as the documented tool format writes them,
+        # the message whole beside it.
+        rows = [(text.role, text.content, message_to_dict(m)) for m in messages for text in written([converted(m)], HERMES)]
         self.store.get_or_create_session(self.session_id, user_id=self.user_id, bot=self.bot)
         for role, text, whole in rows:
             self.store.append_message(

@@ -23,7 +23,7 @@ from langchain_core.messages import (
 )
 
 from ..model.prompt import Message
-from ..model.tools import ToolCall, calls_text, result_text
+from ..model.tools import ToolCall
 
 _CHAT_ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 _TEXT_BLOCKS = {"text"}
@@ -67,7 +67,7 @@ def role_of(message: BaseMessage) -> str:
     if isinstance(message, AIMessage):
         return "assistant"
     if isinstance(message, ToolMessage):
-        return "user"  # the tool format's results are the user's side of the conversation
+        return "tool"
     if isinstance(message, ChatMessage) and message.role in _CHAT_ROLES:
         return _CHAT_ROLES[message.role]
     raise ValueError(
@@ -76,16 +76,15 @@ def role_of(message: BaseMessage) -> str:
     )
 
 
-def model_text(message: BaseMessage) -> str:
-    """The text the model reads for `message`: its text, its tool calls, or its tool result."""
+def converted(message: BaseMessage) -> Message:
+    """The chatcache message for `message`: its text, its tool calls, or its tool result."""
     text = text_of(message)
     if isinstance(message, ToolMessage):
-        return result_text(f"Error: {text}" if message.status == "error" and not text.startswith("Error") else text)
-    if isinstance(message, AIMessage) and message.tool_calls:
-        return text + calls_text([ToolCall(call["name"], dict(call["args"])) for call in message.tool_calls])
+        return Message("tool", f"Error: {text}" if message.status == "error" and not text.startswith("Error") else text)
     if isinstance(message, AIMessage) and message.invalid_tool_calls:
         raise ValueError("An AIMessage with invalid_tool_calls cannot be sent: fix or drop the calls first.")
-    return text
+    calls = tuple(ToolCall(call["name"], dict(call["args"])) for call in message.tool_calls) if isinstance(message, AIMessage) else ()
+    return Message(role_of(message), text, tool_calls=calls)
 
 
 def to_chatcache(messages: Sequence[BaseMessage]) -> list[Message]:
@@ -97,15 +96,9 @@ def to_chatcache(messages: Sequence[BaseMessage]) -> list[Message]:
     """
     if not messages:
         raise ValueError("CachedChatModel got an empty message list: send at least one HumanMessage.")
-    converted: list[Message] = []
-    for index, message in enumerate(messages):
-        content = model_text(message)
-        if isinstance(message, ToolMessage) and index and isinstance(messages[index - 1], ToolMessage):
-            converted[-1] = Message("user", f"{converted[-1].content}\n{content}")  # results of one reply's calls
-        else:
-            converted.append(Message(role_of(message), content))
-    if converted[-1].role != "user":
+    conversation = [converted(message) for message in messages]
+    if conversation[-1].role not in ("user", "tool"):
         raise ValueError(f"The last message must be a HumanMessage or a ToolMessage, got a {type(messages[-1]).__name__}.")
-    if not converted[-1].content.strip():
+    if not conversation[-1].content.strip():
         raise ValueError("The last HumanMessage is empty: type something to send.")
-    return converted
+    return conversation

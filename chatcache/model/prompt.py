@@ -25,11 +25,14 @@ from collections import OrderedDict
 from functools import cached_property
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
 from .plain_text import PlainText
+
+if TYPE_CHECKING:
+    from .tools import CallSyntax, ToolCall
 
 _PLACEHOLDER = "\u2063chatcache-reply\u2063"
 TOOL_RENDERERS = 32  # tool sets whose renderers are kept (`PromptRenderer.with_tools`)
@@ -37,11 +40,16 @@ TOOL_RENDERERS = 32  # tool sets whose renderers are kept (`PromptRenderer.with_
 
 @dataclass
 class Message:
-    """One message of a conversation; an assistant message keeps the ids it was generated as."""
+    """One message of a conversation; an assistant message keeps the ids it was generated as.
+
+    An assistant message may carry the tool calls it made, and a `tool` message one call's
+    result, until the engine writes them in the model's own syntax (`tools.written`).
+    """
 
     role: str
     content: str
     generated_ids: tuple[int, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,27 +106,55 @@ class PromptRenderer:
             return renderer
 
     @cached_property
-    def renders_hermes_tools(self) -> bool:
-        """Whether the chat template lays out tools itself and writes calls and results as
-        `chatcache.model.tools` does (Hermes' format, Qwen's templates): then the template's own
-        tool instructions go to the model, and calls written as text read as it renders them."""
-        from .tools import ToolCall, calls_text
+    def tool_syntax(self) -> CallSyntax | None:
+        """How the chat template writes a tool call, where it lays out tools and calls itself
+        (Qwen's: Hermes' format; Llama 3.1's: a bare JSON object); None where it has no tool
+        format, or one this cannot read back exactly (a call not laid out as `json.dumps` does,
+        keys besides the name and arguments). Read off the template by rendering probe calls."""
+        from .tools import CallSyntax
 
-        probe: dict[str, Any] = {"type": "function", "function": {"name": "chatcache_probe", "description": "", "parameters": {"type": "object"}}}
-        call = {"type": "function", "function": {"name": "chatcache_probe", "arguments": {"a": 1}}}
-        conversation: list[dict[str, Any]] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        def reply(calls: int, then: Sequence[dict[str, Any]] = ()) -> str:
+            """What the template writes after its generation prompt for a reply making `calls` probe calls."""
+            call = {"type": "function", "function": {"name": "chatcache_probe", "arguments": {"a": 1}}}
+            asked: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
+            made = [*asked, {"role": "assistant", "content": "", "tool_calls": [call] * calls}, *then]
+            before = self._render_dicts(asked, tools, add_generation_prompt=True)
+            after = self._render_dicts(made, tools)
+            if "chatcache_probe" not in before or not after.startswith(before):
+                raise ValueError("the tools are not laid out, or the reply does not extend the prompt")
+            return after[len(before) :]
+
+        tools: list[dict[Any, Any]] = [{"type": "function", "function": {"name": "chatcache_probe", "description": "", "parameters": {"type": "object"}}}]
         try:
-            text = str(
-                self.tokenizer.apply_chat_template(
-                    conversation,
-                    tools=[probe],
-                    tokenize=False,
-                )
-            )
-        except Exception:  # noqa: BLE001 - a template that cannot render the probe has no tool format
-            return False
-        preamble, found, _ = text.partition(calls_text([ToolCall("chatcache_probe", {"a": 1})]))
-        return bool(found) and "chatcache_probe" in preamble
+            one = reply(1)
+            start = one.index("{")
+            item, end = json.JSONDecoder().raw_decode(one, start)
+            arguments = [key for key, value in item.items() if value == {"a": 1}]
+            if item.get("name") != "chatcache_probe" or len(arguments) != 1 or len(item) != 2 or one[start:end] != json.dumps(item):
+                return None
+            foot = self._render([Message("assistant", _PLACEHOLDER)]).partition(_PLACEHOLDER)[2]
+            close = one[end:].removesuffix(foot) if foot.strip() else one[end:].rstrip()
+            syntax = CallSyntax(one[:start], close, arguments[0], between=None)
+        except Exception:  # noqa: BLE001 - a template that cannot render the probe has no tool format we can use
+            return None
+        try:  # two calls in one reply: what goes between them, if the template allows it
+            two = reply(2)
+            first = one[: end + len(close)]
+            rest = two[len(first) :]
+            between = rest[: rest.index(syntax.open + "{")] if syntax.open else rest[: rest.index("{")]
+            syntax = CallSyntax(syntax.open, syntax.close, syntax.arguments_key, between=between)
+        except Exception:  # noqa: BLE001 - Llama 3.1's template refuses a second call
+            pass
+        try:  # results: one `tool` message each, where the template renders them one after another
+            result = {"role": "tool", "content": "r"}
+            if reply(1, [result, result]).startswith(reply(1, [result])):
+                syntax = CallSyntax(syntax.open, syntax.close, syntax.arguments_key, syntax.between, tool_role=True)
+        except Exception:  # noqa: BLE001 - results then go in a user message
+            pass
+        return syntax
+
+    def _render_dicts(self, messages: list[dict[str, Any]], tools: list[dict[Any, Any]], add_generation_prompt: bool = False) -> str:
+        return str(self.tokenizer.apply_chat_template(messages, tools=list(tools), tokenize=False, add_generation_prompt=add_generation_prompt))
 
     def _render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
         if not messages and not add_generation_prompt:
@@ -184,7 +220,7 @@ class PromptRenderer:
             messages: the conversation, system message first if there is one.
             memo: segments computed on earlier turns; extended in place.
         """
-        last_is_user = bool(messages) and messages[-1].role == "user"
+        last_is_user = bool(messages) and messages[-1].role in ("user", "tool")
         if not self.incremental:
             return self._encode(self._render(messages, add_generation_prompt=last_is_user))
         del memo.ids[len(messages):]

@@ -145,7 +145,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
 
             least = engine.least_prefill(body.messages[0].message().content)
             return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), x_session_id)
-        messages = schemas.conversation(body.messages)
+        messages = [m.message() for m in body.messages]
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
         tool_options = body.tool_options()
 
@@ -159,7 +159,8 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             )  # fmt: skip
 
         least = engine.least_prefill(messages[-1].content)
-        return await answer_turn(s, start_given, given_may_skip, least, body, lambda: None, None, may_call=body.may_call)
+        calls_in = engine.call_syntax if body.may_call else None
+        return await answer_turn(s, start_given, given_may_skip, least, body, lambda: None, None, calls_in)
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: schemas.SessionCreate | None = None, authorization: str | None = Header(None)) -> dict[str, Any]:

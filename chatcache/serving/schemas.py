@@ -3,7 +3,6 @@ and the sessions API. Pydantic checks every request before anything runs (400 wi
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 import uuid
@@ -12,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..model.prompt import Message
-from ..model.tools import ToolCall, ToolChoice, call_format, calls_text, parse_calls, results_message
+from ..model.tools import CallSyntax, ToolCall, ToolChoice, call_format, parse_calls
 from ..steering.tool_use import tool_of
 from ..model.reply_format import ReplyFormat, from_response_format
 from ..reply import Reply
@@ -78,19 +77,9 @@ class ChatMessage(BaseModel):
         return content if isinstance(content, str) else "".join(part.text for part in content)
 
     def message(self) -> Message:
-        """The message as the model reads it: a reply's calls written after its text."""
-        if self.tool_calls:
-            return Message("assistant", self.text + calls_text([item.call() for item in self.tool_calls]))
-        return Message("system" if self.role == "developer" else "user" if self.role == "tool" else self.role, self.text)
-
-
-def conversation(messages: list[ChatMessage]) -> list[Message]:
-    """The messages as the model reads them: the results of one reply's calls, in a row, as one
-    user message (`results_message`)."""
-    converted: list[Message] = []
-    for is_tool, run in itertools.groupby(messages, key=lambda m: m.role == "tool"):
-        converted += [results_message([m.text for m in run])] if is_tool else [m.message() for m in run]
-    return converted
+        """The engine's message: its calls and results kept as such (the engine writes them in the model's format)."""
+        calls = tuple(item.call() for item in self.tool_calls or [])
+        return Message("system" if self.role == "developer" else self.role, self.text, tool_calls=calls)
 
 
 class StreamOptions(BaseModel):
@@ -306,12 +295,13 @@ def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None)
     }
 
 
-def reply_message(reply: Reply, may_call: bool) -> tuple[dict[str, Any], str]:
-    """The assistant message of a reply and its finish reason: its calls, where it made any."""
+def reply_message(reply: Reply, calls_in: CallSyntax | None) -> tuple[dict[str, Any], str]:
+    """The assistant message of a reply and its finish reason: its calls, where it may make
+    them (written in `calls_in`) and made any."""
     reason = FINISH_REASONS.get(reply.stats.finish_reason, "stop")
-    if may_call:
+    if calls_in is not None:
         try:
-            head, calls = parse_calls(reply.text)
+            head, calls = parse_calls(reply.text, calls_in)
         except ValueError:  # a call cut short by the token budget: the text, and why it ended
             return {"role": "assistant", "content": reply.text}, reason
         if calls:
@@ -327,8 +317,8 @@ def tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     ]
 
 
-def completion(cid: str, model: str, reply: Reply, extension: dict[str, Any], may_call: bool = False) -> dict[str, Any]:
-    message, reason = reply_message(reply, may_call)
+def completion(cid: str, model: str, reply: Reply, extension: dict[str, Any], calls_in: CallSyntax | None = None) -> dict[str, Any]:
+    message, reason = reply_message(reply, calls_in)
     return {
         "id": cid,
         "object": "chat.completion",

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..model.tools import CALL_OPEN
+from ..model.tools import CallSyntax
 from ..reply import AsyncReplyStream, Reply, ReplyStream
 from . import schemas
 from .admission import Overloaded, Ticket
@@ -29,12 +29,13 @@ async def answer_turn(
     body: schemas.Generation,
     release: Callable[[], None],
     session_id: str | None,
-    may_call: bool = False,
+    calls_in: CallSyntax | None = None,
 ) -> JSONResponse | StreamingResponse:
     """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed.
 
-    Where the reply `may_call` tools, a reply that opens a call is held to its end and sent as
-    its calls (streamed as one `tool_calls` delta per call); any other streams as text.
+    Where the reply may call tools (written `calls_in`), a reply that opens a call is held to
+    its end and sent as its calls (streamed as one `tool_calls` delta per call); any other
+    streams as text.
 
     While even a turn prefilling only its new message (`least_prefill` tokens) would be refused,
     a turn that surely needs the model is refused at once, before the engine does any work (its
@@ -79,14 +80,14 @@ async def answer_turn(
         reply = stream.reply
         if reply is None:
             raise ApiError(503, "The turn did not finish.", "service_unavailable", "unfinished")
-        return JSONResponse(schemas.completion(cid, model, reply, finish(reply), may_call))
+        return JSONResponse(schemas.completion(cid, model, reply, finish(reply), calls_in))
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def events() -> AsyncIterator[str]:
         try:
             yield sse(schemas.chunk(cid, model, {"role": "assistant", "content": ""}))
-            holds_call = may_call and first is not None and first.startswith(CALL_OPEN[0])  # free text never opens with it
+            holds_call = calls_in is not None and first is not None and first.startswith(calls_in.first)  # free text never opens so
             if first is not None and not holds_call:
                 yield sse(schemas.chunk(cid, model, {"content": first}))
             if first is not None:
@@ -95,7 +96,7 @@ async def answer_turn(
                         yield sse(schemas.chunk(cid, model, {"content": piece}))
             reply = stream.reply
             if reply is not None:
-                message, reason = schemas.reply_message(reply, holds_call)
+                message, reason = schemas.reply_message(reply, calls_in if holds_call else None)
                 if holds_call and "tool_calls" in message:
                     for index, call in enumerate(message["tool_calls"]):
                         yield sse(schemas.chunk(cid, model, {"tool_calls": [{"index": index, **call}]}))

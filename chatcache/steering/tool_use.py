@@ -2,8 +2,9 @@
 
 One place for what binding tools changes in a turn, so that LangChain's `bind_tools` and the
 server's OpenAI `tools` behave alike:
-  * the model is told of the tools by its chat template where that renders Hermes' tool format
-    (`PromptRenderer.renders_hermes_tools`), else by `tools_prompt` closing the system message;
+  * the model is told of the tools by its chat template where that has a tool format
+    (`PromptRenderer.tool_syntax`), and its calls are held to that format; else by
+    `tools_prompt` closing the system message, calls in Hermes' format;
   * with `tool_choice="auto"`, a question the router finds about a tool is answered by a call
     of it (the bundled model never starts a call on its own, `tool_router.py`); a tool result
     coming back is left to the model, which answers it or calls again;
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..model.prompt import Message, PromptRenderer
 from ..model.reply_format import ReplyFormat, within_budget
-from ..model.tools import Tool, ToolCall, ToolChoice, call_format, calls_text, is_result, tools_prompt
+from ..model.tools import HERMES, CallSyntax, Tool, ToolCall, ToolChoice, call_format, calls_text, is_result, tools_prompt
 
 Route = Callable[[str, Sequence[Tool]], list[Tool]]
 """The tools a question is about, closest first (`ToolRouter.called`)."""
@@ -85,17 +86,17 @@ def bind_tools(
         ValueError: a malformed tool spec, or a choice that names no bound tool.
     """
     tools = [tool_of(spec) for spec in specs]
-    question = messages[-1].content
-    if route is not None and choice == "auto" and not is_result(question):
-        called = route(question, tools)
+    if route is not None and choice == "auto" and not is_result(messages[-1]):
+        called = route(messages[-1].content, tools)
         choice = called[0].name if called else choice
+    syntax = renderer.tool_syntax or HERMES
     budgeted = [
-        Tool(tool.name, tool.description, within_budget(tool.parameters, max_new_tokens, _wrapper_tokens(renderer, tool)))
+        Tool(tool.name, tool.description, within_budget(tool.parameters, max_new_tokens, _wrapper_tokens(renderer, tool, syntax)))
         for tool in tools
     ]
-    reply_format = call_format(budgeted, choice, parallel)
+    reply_format = call_format(budgeted, choice, parallel, syntax)
     told = json.dumps([tool.spec() for tool in tools], sort_keys=True)
-    if renderer.renders_hermes_tools:  # the template tells the model of the tools in its own words
+    if renderer.tool_syntax is not None:  # the template tells the model of the tools in its own words
         return BoundTools(list(messages), renderer.with_tools([tool.spec() for tool in tools]), reply_format, told, choice != "none")
     if messages[0].role == "system":
         system, rest = messages[0].content, list(messages[1:])
@@ -105,6 +106,6 @@ def bind_tools(
     return BoundTools(described, renderer, reply_format, told, choice != "none")
 
 
-def _wrapper_tokens(renderer: PromptRenderer, tool: Tool) -> int:
+def _wrapper_tokens(renderer: PromptRenderer, tool: Tool, syntax: CallSyntax) -> int:
     """The tokens a call of `tool` takes besides its arguments' values."""
-    return len(renderer.encode_text(calls_text([ToolCall(tool.name, {})])))
+    return len(renderer.encode_text(calls_text([ToolCall(tool.name, {})], syntax)))

@@ -20,7 +20,7 @@ from chatcache.model.loading import load_embedder
 from chatcache.model.reply_format import FormatError, ReplyFormats
 from chatcache.steering.hcac import sentence_embed
 from chatcache.steering.tool_router import ToolRouter
-from chatcache.model.tools import Tool, ToolCall, call_format, calls_text, parse_calls
+from chatcache.model.tools import CallSyntax, Tool, ToolCall, call_format, calls_text, parse_calls, written
 
 pytestmark = pytest.mark.anyio
 
@@ -268,8 +268,8 @@ def test_a_template_with_hermes_tools_lays_out_the_tools_and_the_history_itself(
     from chatcache.langchain.messages import to_chatcache
     from chatcache.model.prompt import PromptRenderer, RenderedSegments
 
-    assert PromptRenderer(hermes_model.tokenizer).renders_hermes_tools
-    assert not PromptRenderer(tiny_model.tokenizer).renders_hermes_tools  # plain ChatML: the documented format
+    assert PromptRenderer(hermes_model.tokenizer).tool_syntax == CallSyntax("<tool_call>\n", "\n</tool_call>", between="", tool_role=True)  # this template trims the newline between calls
+    assert PromptRenderer(tiny_model.tokenizer).tool_syntax is None  # plain ChatML: the documented format
     engine = make_engine(hermes_model, token_tier=TokenTierConfig(spill_dir=None))
     model = CachedChatModel(engine=engine, max_tokens=200).bind_tools([add], tool_choice="any")
     system, question = SystemMessage("You add."), HumanMessage("What is 1 + 2?")
@@ -294,7 +294,92 @@ def test_a_template_with_hermes_tools_lays_out_the_tools_and_the_history_itself(
     ]
     # Our text for the call and the result renders as the template renders them structured (the
     # engine feeds the call as the ids it was generated as, which may spell it otherwise).
-    ours = to_chatcache([system, question, called, result, HumanMessage("And 2 + 2?")])
+    ours = written(to_chatcache([system, question, called, result, HumanMessage("And 2 + 2?")]), engine.call_syntax)
     assert engine.renderer.with_tools([spec]).conversation_ids(ours, RenderedSegments()) == native_ids(structured, add_generation_prompt=True)
     assert again.usage_metadata["input_token_details"]["cache_read"] > called.usage_metadata["input_tokens"] // 2
     assert again.tool_calls
+
+
+# A template with a tool format of its own that is not Hermes', written here after Llama 3.1's:
+# the tools in the first user message, a call as a bare JSON object with "parameters", one
+# call a reply, each result in an `ipython` turn of its own.
+LLAMA_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}<|start_header_id|>system<|end_header_id|>\n\n{{ messages[0].content | trim }}<|eot_id|>"
+    "{%- set messages = messages[1:] %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if loop.first and tools %}<|start_header_id|>user<|end_header_id|>\n\n"
+    "Given the following functions, respond with a JSON for a function call with its proper arguments.\n\n"
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.\n\n'
+    "{% for tool in tools %}{{ tool | tojson }}\n\n{% endfor %}{{ message.content | trim }}<|eot_id|>"
+    "{%- elif message.tool_calls %}{% if message.tool_calls | length > 1 %}{{ raise_exception('one call at a time') }}{% endif %}"
+    '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "{{ message.tool_calls[0].function.name }}", '
+    '"parameters": {{ message.tool_calls[0].function.arguments | tojson }}}<|eot_id|>'
+    "{%- elif message.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ {'output': message.content} | tojson }}<|eot_id|>"
+    "{%- else %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n{{ message.content | trim }}<|eot_id|>"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def llama_model(build_tiny, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from chatcache import load_chat_model
+
+    directory = build_tiny(tmp_path_factory.mktemp("tiny-llama-tools"), max_positions=4096)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.chat_template = LLAMA_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return load_chat_model(str(directory), device="cpu")
+
+
+def test_a_template_with_its_own_call_format_gets_calls_written_its_way(llama_model, make_engine) -> None:  # type: ignore[no-untyped-def]
+    """A model whose template writes calls otherwise than Hermes is held to, and read back in,
+    its own format; the history of calls and results renders as its template renders them."""
+    from chatcache import TokenTierConfig
+    from chatcache.langchain.messages import to_chatcache
+    from chatcache.model.prompt import PromptRenderer, RenderedSegments
+
+    syntax = PromptRenderer(llama_model.tokenizer).tool_syntax
+    assert syntax == CallSyntax("", "", "parameters", between=None, tool_role=True)
+    engine = make_engine(llama_model, token_tier=TokenTierConfig(spill_dir=None))
+    model = CachedChatModel(engine=engine, max_tokens=200).bind_tools([add], tool_choice="any", parallel_tool_calls=True)
+    system, question = SystemMessage("You add."), HumanMessage("What is 1 + 2?")
+    called = model.invoke([system, question])
+    assert len(called.tool_calls) == 1 and not called.invalid_tool_calls  # one call a reply: the template takes no more
+    jsonschema.validate(called.tool_calls[0]["args"], _args_schema(add))
+    function = convert_to_openai_tool(add, strict=True)["function"]
+    spec = {"type": "function", "function": {key: function[key] for key in ("name", "description", "parameters")}}
+
+    def native_ids(messages: list[dict], **extra) -> list[int]:  # type: ignore[no-untyped-def]
+        text = llama_model.tokenizer.apply_chat_template(messages, tools=[spec], tokenize=False, **extra)
+        return llama_model.tokenizer.encode(text, add_special_tokens=False)
+
+    asked = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 1 + 2?"}]
+    assert called.usage_metadata["input_tokens"] == len(native_ids(asked, add_generation_prompt=True))
+    call = called.tool_calls[0]
+    results = [ToolMessage("3", tool_call_id=call["id"], name="add"), ToolMessage("checked", tool_call_id=call["id"], name="add")]
+    history = [system, question, called, *results]
+    structured = asked + [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": call["args"]}}]},
+        {"role": "tool", "content": "3"},
+        {"role": "tool", "content": "checked"},
+    ]
+    ours = written(to_chatcache(history), engine.call_syntax)
+    assert engine.renderer.with_tools([spec]).conversation_ids(ours, RenderedSegments()) == native_ids(structured, add_generation_prompt=True)
+    answered = model.bind_tools([add], tool_choice="none").invoke(history)
+    assert isinstance(answered.content, str) and not answered.tool_calls
+    assert answered.usage_metadata["input_token_details"]["cache_read"] > called.usage_metadata["input_tokens"] // 2
+
+
+def test_calls_in_a_bare_json_syntax_parse_and_text_stays_text() -> None:
+    bare = CallSyntax("", "", "parameters", between=None)
+    call = ToolCall("add", {"a": 1, "b": 2})
+    assert calls_text([call], bare) == '{"name": "add", "parameters": {"a": 1, "b": 2}}'
+    assert parse_calls(calls_text([call], bare), bare) == ("", [call])
+    assert parse_calls("Use {braces} like this.", bare) == ("Use {braces} like this.", [])
+    with pytest.raises(ValueError, match="cut short"):
+        parse_calls('{"name": "add", "parameters": {"a": 1', bare)
+    with pytest.raises(ValueError, match="after a call"):
+        parse_calls(calls_text([call, call], CallSyntax("", "", "parameters", between="\n")), bare)

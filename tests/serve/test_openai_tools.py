@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from chatcache import ChatEngine, Message
-from chatcache.model.tools import ToolCall, calls_text, parse_calls, results_message
+from chatcache.model.tools import ToolCall, calls_text, parse_calls
 
 ADD = {
     "type": "function",
@@ -101,8 +101,9 @@ def test_a_conversation_with_calls_and_results_is_what_the_engine_answers(live, 
     engine: ChatEngine = make_engine(wide_model, system_prompt="You are a helpful, concise assistant.")
     by_hand = [
         Message("user", QUESTION[0]["content"]),
-        Message("assistant", calls_text([ToolCall(call.function.name, json.loads(call.function.arguments))])),
-        results_message(["42", "(checked)"]),
+        Message("assistant", "", tool_calls=(ToolCall(call.function.name, json.loads(call.function.arguments)),)),
+        Message("tool", "42"),
+        Message("tool", "(checked)"),
     ]
     alone = engine.complete(by_hand, max_new_tokens=16, tools=[ADD], tool_choice="none")
     assert answered.choices[0].message.content == "".join(alone)
