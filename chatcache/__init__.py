@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .model.prompt import Message
     from .model.remote import RemoteModel, connect_remote_model
     from .model.reply_format import ReplyFormat
+    from .model.tools import ToolCall
     from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
     from .tiers.residency import MemoryConfig
     from .tiers.token_tier import TokenTier, TokenTierStats
@@ -68,6 +69,7 @@ _EXPORTS = {
     "StageThresholds": ".steering.drift",
     "StorageError": ".errors",
     "TokenTier": ".tiers.token_tier",
+    "ToolCall": ".model.tools",
     "TokenTierConfig": ".config",
     "TokenTierStats": ".tiers.token_tier",
     "TurnTierConfig": ".tiers.turn_tier",
@@ -107,6 +109,7 @@ __all__ = [
     "TokenTier",
     "TokenTierConfig",
     "TokenTierStats",
+    "ToolCall",
     "TurnTierConfig",
     "TurnStats",
     "UnknownSessionError",

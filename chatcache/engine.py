@@ -62,11 +62,11 @@ from .tiers.turn_tier import TurnTier, TurnTierConfig
 
 ROLES = ("system", "user", "assistant", "tool")  # a tool message brings one call's result back (`complete`)
 
-Admit = Callable[[int, bool], None]
+Admit = Callable[[int, bool, float], None]
 """Admission control for one turn: called with the prompt tokens the model would have to
-prefill and whether the token tier has the memory for the turn now (else it would wait for a
-running turn to end), before the turn records anything; it raises to refuse the turn (the
-server's 429)."""
+prefill, whether the token tier has the memory for the turn now (else it would wait for a
+running turn to end) and the seconds a restore of the session's KV from disk would take,
+before the turn records anything; it raises to refuse the turn (the server's 429)."""
 
 
 def conversation_key(messages: Sequence[Message]) -> str:
@@ -769,7 +769,8 @@ class ChatEngine:
             if turn.admit is not None and self.token_tier is not None:  # a server admits turns on a local model
                 prefix = self._system_ids if turn.prefix is None else turn.prefix
                 fits = self.token_tier.fits(len(prompt.ids) + params.max_new_tokens)
-                turn.admit(len(prompt.ids) - self.token_tier.reusable(turn.session_id, prompt.ids, prefix), fits)
+                reused = self.token_tier.reusable(turn.session_id, prompt.ids, prefix)
+                turn.admit(len(prompt.ids) - reused, fits, self.token_tier.restore_estimate(turn.session_id))
             self._record_user(conversation, turn)
             generated: list[Message] = []
             try:

@@ -8,6 +8,8 @@ it and its own, each step also paying one batched decode at the batch it will ha
 
     predicted = (tokens ahead + own tokens) x prefill seconds per token
                 + (chunks ahead + own chunks) x decode step seconds at (running + ahead + 1) rows
+                + the restore of the session's KV from disk, if it was spilled (the token
+                  tier's measured seconds per byte of spill file)
                 + the engine's own time before the model (learned: the mean of actual - predicted)
 
 with the rates the scheduler measures while serving. Over the SLO, with `max_queue` requests
@@ -53,8 +55,8 @@ class Ticket:
     waiting: bool = False
     admitted_at: float = 0.0
 
-    def admit(self, prefill_tokens: int, fits_in_memory: bool = True) -> None:
-        self.control._admit(self, prefill_tokens, fits_in_memory)
+    def admit(self, prefill_tokens: int, fits_in_memory: bool = True, restore_s: float = 0.0) -> None:
+        self.control._admit(self, prefill_tokens, fits_in_memory, restore_s)
 
     def started(self, actual_ttft_s: float) -> float | None:
         """The first token arrived (or the turn ended): leave the queue; returns the prediction's error."""
@@ -131,9 +133,9 @@ class AdmissionControl:
             return Overloaded("slo", max(1.0, late - self.slo_s), f"A request admitted {late:.1f} s ago still waits for its first token.")
         return None
 
-    def _admit(self, ticket: Ticket, prefill_tokens: int, fits_in_memory: bool) -> None:
+    def _admit(self, ticket: Ticket, prefill_tokens: int, fits_in_memory: bool, restore_s: float) -> None:
         with self._lock:  # decided and queued together: a burst cannot all see the same empty queue
-            model_s = self.predict(prefill_tokens, list(self._waiting.values()))
+            model_s = restore_s + self.predict(prefill_tokens, list(self._waiting.values()))
             predicted = model_s + self.overhead_s
             refusal = self._refusal(predicted)
             if refusal is None and not fits_in_memory and self.slo_s is not None:

@@ -173,6 +173,13 @@ class SpillStore:
         except Exception:  # noqa: BLE001 - the restore decides what an unreadable file means
             return None
 
+    def spilled_bytes(self, session_id: str) -> int:
+        """The size of a session's spill file; 0 if it has none."""
+        try:
+            return self.path(session_id).stat().st_size
+        except OSError:
+            return 0
+
     def discard(self, session_id: str) -> None:
         """Delete a session's file. One that cannot be deleted stays: it is never wrong, since
         `load` checks it and the token tier reuses only the prefix its ids share with a prompt."""

@@ -36,6 +36,7 @@ from .kv_spill import SpillStore
 
 Prefill = Callable[[list[int], DynamicCache], None]
 log = logging.getLogger("chatcache")
+RESTORE_RATE_WEIGHT = 0.2  # weight of the newest restore in the measured seconds per byte (a moving average)
 
 
 @dataclass
@@ -105,6 +106,7 @@ class TokenTier:
         self._heat: dict[str, Heat] = {}
         self._policy = LfuPlus()
         self._stats = TokenTierStats(budget_bytes=config.memory_budget_bytes)
+        self._restore_s_per_byte: float | None = None  # measured on restores (a moving average)
         self._spill = (
             SpillStore(Path(config.spill_dir), *spill_identity, config.spill_int8, config.disk_budget_bytes)
             if config.spill_dir is not None
@@ -166,6 +168,17 @@ class TokenTier:
             ids = self._spill.spilled_ids(session_id)
         best = max(common_prefix_length(ids or [], prompt), common_prefix_length(prefix, prompt))
         return max(0, min(best, len(prompt) - 1))
+
+    def restore_estimate(self, session_id: str) -> float:
+        """Seconds a checkout would spend restoring the session's KV from disk, at the rate
+        restores took of late; 0 when it is in memory, has nothing on disk, or no restore was
+        measured yet. Admission control adds it to a turn's predicted time to first token."""
+        if self._spill is None or self._restore_s_per_byte is None:
+            return 0.0
+        with self._lock:
+            if session_id in self._sessions:
+                return 0.0
+        return self._spill.spilled_bytes(session_id) * self._restore_s_per_byte
 
     def fits(self, reserve_tokens: int) -> bool:
         """Whether a turn reserving `reserve_tokens` would start now rather than wait for memory (`checkout`)."""
@@ -298,11 +311,17 @@ class TokenTier:
 
     def _restore(self, session_id: str) -> KVEntry | None:
         assert self._spill is not None
+        started, file_bytes = time.perf_counter(), self._spill.spilled_bytes(session_id)
         spilled = self._spill.load(session_id, self._device)
         if spilled is None:
             return None
         self._spill.discard(session_id)  # memory is the copy of record again
         cache = kv.from_tensors(self._model_config, spilled.layers)
+        if file_bytes:
+            rate = (time.perf_counter() - started) / file_bytes
+            with self._lock:
+                average = self._restore_s_per_byte
+                self._restore_s_per_byte = rate if average is None else (1 - RESTORE_RATE_WEIGHT) * average + RESTORE_RATE_WEIGHT * rate
         self._stats.restores += 1
         return KVEntry(ids=spilled.ids, cache=cache, nbytes=kv.kv_bytes(cache))
 

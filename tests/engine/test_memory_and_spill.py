@@ -40,6 +40,32 @@ def test_memory_never_exceeds_budget_and_spilled_sessions_restore_exactly(make_e
     assert "disk" in tiers
 
 
+def test_a_restore_from_disk_is_priced_by_the_measured_rate(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Admission control's share of a spilled session's first token: its file at the rate restores took."""
+    budget = bytes_per_turn_budget(make_engine, tiny_model, 1)
+    engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(memory_budget_bytes=budget, spill_dir=tmp_path))
+    tier, spill = engine.token_tier, engine.token_tier._spill
+    sessions = ["a", "b", "c", "d"]
+    for session in sessions:
+        engine.chat(session, TURNS[0], max_new_tokens=12)  # room for about one: the others go to disk
+
+    def on_disk() -> list[str]:
+        return [s for s in sessions if spill.spilled_bytes(s)]
+
+    first = on_disk()
+    assert first and tier.restore_estimate(first[0]) == 0.0  # no restore measured yet: nothing to price it by
+    engine.chat(first[0], TURNS[1], max_new_tokens=12)
+    assert engine.kv_stats().restores == 1
+    spilled = on_disk()
+    assert spilled
+    for session in spilled:
+        estimate = tier.restore_estimate(session)
+        assert estimate > 0 and estimate == tier._restore_s_per_byte * spill.spilled_bytes(session)  # type: ignore[operator]
+    for resident in set(sessions) - set(spilled):
+        assert tier.restore_estimate(resident) == 0.0  # in memory
+    assert tier.restore_estimate("nobody") == 0.0
+
+
 def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     reference = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     want = [reference.chat("s", text, max_new_tokens=12).token_ids for text in TURNS[:2]]

@@ -57,6 +57,20 @@ def test_admitted_requests_queue_until_their_first_token_and_the_queue_and_slo_r
     assert control.waiting == 1
 
 
+def test_a_restore_from_disk_adds_to_the_prediction_and_can_push_it_over_the_slo(scheduler) -> None:  # type: ignore[no-untyped-def]
+    control = AdmissionControl(scheduler, slo_s=1.0, max_queue=8)
+    resident, spilled, slow = control.ticket(), control.ticket(), control.ticket()
+    resident.admit(100)
+    assert resident.predicted_s == pytest.approx(0.1)
+    resident.close()
+    spilled.admit(100, restore_s=0.5)
+    assert spilled.predicted_s == pytest.approx(0.6)
+    spilled.close()
+    with pytest.raises(Overloaded) as refused:
+        slow.admit(100, restore_s=2.0)
+    assert refused.value.reason == "slo"
+
+
 def test_the_engines_own_time_is_learned_from_actual_first_tokens(scheduler) -> None:  # type: ignore[no-untyped-def]
     control = AdmissionControl(scheduler, slo_s=None, max_queue=8)
     for _ in range(30):
