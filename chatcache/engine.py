@@ -766,12 +766,13 @@ class ChatEngine:
         else:
             prompt = self._plan(conversation, turn)
             stats.dropped_turns = prompt.dropped_turns
-            if turn.admit is not None and self.token_tier is not None:  # a server admits turns on a local model
-                prefix = self._system_ids if turn.prefix is None else turn.prefix
-                fits = self.token_tier.fits(len(prompt.ids) + params.max_new_tokens)
-                reused = self.token_tier.reusable(turn.session_id, prompt.ids, prefix)
-                turn.admit(len(prompt.ids) - reused, fits, self.token_tier.restore_estimate(turn.session_id))
-            self._record_user(conversation, turn)
+            held = self._admit(turn, prompt)
+            try:
+                self._record_user(conversation, turn)
+            except BaseException:
+                if held and self.token_tier is not None:
+                    self.token_tier.release(turn.session_id)
+                raise
             generated: list[Message] = []
             try:
                 yield from self.runner.stream(turn.session_id, prompt, params, stats, turn.started, generated, turn.prefix)
@@ -780,6 +781,23 @@ class ChatEngine:
                     turn.reply = generated[0]
             if self.answers is not None and turn.scope is not None and generated:
                 self.answers.store(turn.text, generated[0], turn.scope, turn.context, stats, params, turn.started)
+
+    def _admit(self, turn: Turn, prompt: Prompt) -> bool:
+        """A server's admission control decides on a turn for a local model (it raises to refuse
+        it); returns whether the token tier holds the turn's memory from now to its checkout
+        (`TokenTier.reserve`), so that turns let in together never wait for each other's memory."""
+        tier = self.token_tier
+        if turn.admit is None or tier is None:
+            return False
+        prefix = self._system_ids if turn.prefix is None else turn.prefix
+        held = tier.reserve(turn.session_id, len(prompt.ids) + turn.params.max_new_tokens)
+        try:
+            turn.admit(len(prompt.ids) - tier.reusable(turn.session_id, prompt.ids, prefix), held, tier.restore_estimate(turn.session_id))
+        except BaseException:
+            if held:
+                tier.release(turn.session_id)
+            raise
+        return held
 
     def _cached(self, turn: Turn) -> CacheHit | None:
         """The answer cache's answer for the turn, looked up only once no flow or action answers it."""

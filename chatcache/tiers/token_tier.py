@@ -131,8 +131,9 @@ class TokenTier:
         reserve = reserve_tokens * self.bytes_per_token
         with self._lock:
             # Turns in flight are never cut short, so one that would take memory past the budget
-            # even with every idle session evicted waits until an earlier one is done.
-            while not self._has_room(reserve):
+            # even with every idle session evicted waits until an earlier one is done; one whose
+            # memory was held since its admission (`reserve`) has it already.
+            while session_id not in self._in_use and not self._has_room(reserve):
                 self._memory_freed.wait()
             self._in_use[session_id] = reserve
             self._evict_to_fit(keep=session_id)
@@ -184,6 +185,21 @@ class TokenTier:
         """Whether a turn reserving `reserve_tokens` would start now rather than wait for memory (`checkout`)."""
         with self._lock:
             return self._has_room(reserve_tokens * self.bytes_per_token)
+
+    def reserve(self, session_id: str, reserve_tokens: int) -> bool:
+        """Hold memory for the session's next turn from now until its checkout, where there is
+        room now; False (nothing held) where the turn would wait for memory.
+
+        Admission control decides on a turn a while before it checks its KV out: without the
+        hold, a burst of turns would each see the same free memory, all be let in, and then
+        wait in `checkout` for one another. `release` lets go of a hold whose turn never runs.
+        """
+        with self._lock:
+            reserve = reserve_tokens * self.bytes_per_token
+            if not self._has_room(reserve):
+                return False
+            self._in_use[session_id] = reserve
+            return True
 
     def room_for_another(self) -> bool:
         """Whether one more turn the size of those running now would start at once (admission's cheap check)."""
