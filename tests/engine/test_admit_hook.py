@@ -20,8 +20,8 @@ class Refused(Exception):
     pass
 
 
-def refuse(prefill_tokens: int, fits_in_memory: bool) -> None:
-    assert prefill_tokens > 0 and fits_in_memory
+def refuse(prefill_tokens: int, fits_in_memory: bool, restore_s: float) -> None:
+    assert prefill_tokens > 0 and fits_in_memory and restore_s == 0.0
     raise Refused(f"{prefill_tokens} tokens to prefill")
 
 
