@@ -12,7 +12,10 @@ it and its own, each step also paying one batched decode at the batch it will ha
                   tier's measured seconds per byte of spill file)
                 + the engine's own time before the model (learned: the mean of actual - predicted)
 
-with the rates the scheduler measures while serving. Over the SLO, with `max_queue` requests
+with the rates the scheduler measures while serving. A request that finds the model idle is
+judged without the learned overhead: nothing is ahead of it, and only requests let in relearn
+the overhead, so after a slow spell it must not refuse everything for good. Over the SLO, with
+`max_queue` requests
 already waiting for their first token, while one admitted earlier has waited longer than the
 SLO (the prediction is evidently behind), or with an SLO when the token tier has no memory for
 the turn until a running one ends (a wait nothing here predicts), the request is refused with
@@ -113,17 +116,23 @@ class AdmissionControl:
     def saturated(self, least_prefill_tokens: int = 0) -> Overloaded | None:
         """Why a request prefilling at least `least_prefill_tokens` would be refused now, if it surely would."""
         with self._lock:
-            refusal = self._refusal(self.predict(least_prefill_tokens, list(self._waiting.values())) + self.overhead_s)
+            refusal = self._refusal(self.predict(least_prefill_tokens, list(self._waiting.values())))
         if refusal is None and self.slo_s is not None and not self.memory_room():
             refusal = Overloaded("memory", 1.0, "The running turns hold all the KV memory.")
         return refusal
 
-    def _refusal(self, predicted: float) -> Overloaded | None:
-        """The refusal for a request predicted at `predicted` seconds, given the queue (lock held)."""
+    def _refusal(self, model_s: float) -> Overloaded | None:
+        """The refusal for a request whose model part is predicted at `model_s` seconds, given the queue (lock held)."""
+        predicted = model_s + self.overhead_s
         if len(self._waiting) >= self.max_queue:
             return Overloaded("queue", max(1.0, predicted), f"{len(self._waiting)} requests are already waiting for the model.")
         if self.slo_s is None:
             return None
+        if not self._waiting and not self.scheduler.running and not self.scheduler.waiting:
+            # Nothing is ahead of it: judged on its own prefill, not the learned overhead, which
+            # after a slow spell could alone exceed the SLO and, since only requests let in
+            # relearn it, would then refuse every request for good.
+            predicted = model_s
         if predicted > self.slo_s:
             return Overloaded(
                 "slo", max(1.0, predicted - self.slo_s), f"The first token is predicted in {predicted:.1f} s, over the {self.slo_s:g} s target."
@@ -137,7 +146,7 @@ class AdmissionControl:
         with self._lock:  # decided and queued together: a burst cannot all see the same empty queue
             model_s = restore_s + self.predict(prefill_tokens, list(self._waiting.values()))
             predicted = model_s + self.overhead_s
-            refusal = self._refusal(predicted)
+            refusal = self._refusal(model_s)
             if refusal is None and not fits_in_memory and self.slo_s is not None:
                 # It would wait for a running turn to end, which nothing here predicts.
                 refusal = Overloaded("memory", max(1.0, predicted), "The running turns hold all the KV memory.")

@@ -71,6 +71,21 @@ def test_a_restore_from_disk_adds_to_the_prediction_and_can_push_it_over_the_slo
     assert refused.value.reason == "slo"
 
 
+def test_an_idle_model_lets_a_request_in_whatever_the_learned_overhead(scheduler) -> None:  # type: ignore[no-untyped-def]
+    """After a slow spell the learned overhead alone predicts more than the SLO: refusing every
+    request would keep it there for good, since only requests let in relearn it."""
+    control = AdmissionControl(scheduler, slo_s=1.0, max_queue=8)
+    control.overhead_s = 3.0
+    alone = control.ticket()
+    alone.admit(100)  # nothing ahead of it: let in at a prediction over the SLO
+    assert alone.predicted_s == pytest.approx(3.1)
+    with pytest.raises(Overloaded) as refused:
+        control.ticket().admit(100)  # behind one: the prediction counts
+    assert refused.value.reason == "slo"
+    alone.started(actual_ttft_s=0.2)
+    assert control.overhead_s < 3.0  # relearned from the one let in
+
+
 def test_the_engines_own_time_is_learned_from_actual_first_tokens(scheduler) -> None:  # type: ignore[no-untyped-def]
     control = AdmissionControl(scheduler, slo_s=None, max_queue=8)
     for _ in range(30):
