@@ -248,17 +248,22 @@ HERMES_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def hermes_model(build_tiny, tmp_path_factory):  # type: ignore[no-untyped-def]
+def _tiny_with_template(build_tiny, directory, template: str):  # type: ignore[no-untyped-def]
+    """The tiny model, with room for tools, under another chat template."""
     from transformers import AutoTokenizer
 
     from chatcache import load_chat_model
 
-    directory = build_tiny(tmp_path_factory.mktemp("tiny-hermes"), max_positions=4096)
+    build_tiny(directory, max_positions=4096)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    tokenizer.chat_template = HERMES_TEMPLATE
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(directory)
     return load_chat_model(str(directory), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def hermes_model(build_tiny, tmp_path_factory):  # type: ignore[no-untyped-def]
+    return _tiny_with_template(build_tiny, tmp_path_factory.mktemp("tiny-hermes"), HERMES_TEMPLATE)
 
 
 def test_a_template_with_hermes_tools_lays_out_the_tools_and_the_history_itself(hermes_model, make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -323,15 +328,7 @@ LLAMA_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def llama_model(build_tiny, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from transformers import AutoTokenizer
-
-    from chatcache import load_chat_model
-
-    directory = build_tiny(tmp_path_factory.mktemp("tiny-llama-tools"), max_positions=4096)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    tokenizer.chat_template = LLAMA_TEMPLATE
-    tokenizer.save_pretrained(directory)
-    return load_chat_model(str(directory), device="cpu")
+    return _tiny_with_template(build_tiny, tmp_path_factory.mktemp("tiny-llama-tools"), LLAMA_TEMPLATE)
 
 
 def test_a_template_with_its_own_call_format_gets_calls_written_its_way(llama_model, make_engine) -> None:  # type: ignore[no-untyped-def]
