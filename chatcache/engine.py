@@ -460,8 +460,9 @@ class ChatEngine:
                 told = given.system.content if given.system else ""
                 if tools:  # whichever choice the router would make: each has its format
                     choices = [tool_choice, *([tool_of(spec).name for spec in tools] if tool_choice == "auto" else [])]
+                    laid_out = self._given(messages)
                     bound = [
-                        bind_tools(self._given(messages), tools, choice, parallel_tool_calls, max_new_tokens, self.renderer, self.system_prompt, None)
+                        bind_tools(laid_out, tools, choice, parallel_tool_calls, max_new_tokens, self.renderer, self.system_prompt, None)
                         for choice in choices
                     ]
                     given, question = self._given_conversation(bound[0].messages)
@@ -766,8 +767,9 @@ class ChatEngine:
         else:
             prompt = self._plan(conversation, turn)
             stats.dropped_turns = prompt.dropped_turns
-            held = self._admit(turn, prompt)
+            held = self._hold_memory(turn, prompt)
             try:
+                self._admit(turn, prompt, held)
                 self._record_user(conversation, turn)
             except BaseException:
                 if held and self.token_tier is not None:
@@ -782,22 +784,21 @@ class ChatEngine:
             if self.answers is not None and turn.scope is not None and generated:
                 self.answers.store(turn.text, generated[0], turn.scope, turn.context, stats, params, turn.started)
 
-    def _admit(self, turn: Turn, prompt: Prompt) -> bool:
-        """A server's admission control decides on a turn for a local model (it raises to refuse
-        it); returns whether the token tier holds the turn's memory from now to its checkout
-        (`TokenTier.reserve`), so that turns let in together never wait for each other's memory."""
+    def _hold_memory(self, turn: Turn, prompt: Prompt) -> bool:
+        """For a turn a server admits on a local model: whether the token tier now holds its
+        memory until its checkout (`TokenTier.reserve`), so that turns let in together never
+        wait for each other's memory; the caller releases it if the turn never runs."""
+        if turn.admit is None or self.token_tier is None:
+            return False
+        return self.token_tier.reserve(turn.session_id, len(prompt.ids) + turn.params.max_new_tokens)
+
+    def _admit(self, turn: Turn, prompt: Prompt, held: bool) -> None:
+        """A server's admission control decides on a turn for a local model; it raises to refuse it."""
         tier = self.token_tier
         if turn.admit is None or tier is None:
-            return False
+            return
         prefix = self._system_ids if turn.prefix is None else turn.prefix
-        held = tier.reserve(turn.session_id, len(prompt.ids) + turn.params.max_new_tokens)
-        try:
-            turn.admit(len(prompt.ids) - tier.reusable(turn.session_id, prompt.ids, prefix), held, tier.restore_estimate(turn.session_id))
-        except BaseException:
-            if held:
-                tier.release(turn.session_id)
-            raise
-        return held
+        turn.admit(len(prompt.ids) - tier.reusable(turn.session_id, prompt.ids, prefix), held, tier.restore_estimate(turn.session_id))
 
     def _cached(self, turn: Turn) -> CacheHit | None:
         """The answer cache's answer for the turn, looked up only once no flow or action answers it."""

@@ -47,14 +47,13 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from ..engine import ChatEngine
 from ..model.reply_format import from_response_format
-from ..model.tools import CallSyntax, parse_calls
+from ..model.tools import CHOICE_NAMES, CallSyntax, parse_calls
 from ..model.text_stream import word_pieces
 from ..steering.tool_router import ROUTE_THRESHOLD
 from ..reply import Reply, ReplyStream
 from .messages import to_chatcache
 
 _CALL_PARAMS = ("max_tokens", "temperature", "top_p", "seed")
-_TOOL_CHOICES: dict[str | bool | None, str] = {None: "auto", "auto": "auto", "none": "none", "any": "any", "required": "any", True: "any"}
 
 
 class CachedChatModel(BaseChatModel):
@@ -169,7 +168,7 @@ class CachedChatModel(BaseChatModel):
         formatted = [convert_to_openai_tool(tool, strict=strict is not False) for tool in tools]
         if isinstance(tool_choice, dict):
             tool_choice = tool_choice.get("function", {}).get("name") or tool_choice.get("type")
-        choice = _TOOL_CHOICES.get(tool_choice, tool_choice)
+        choice = CHOICE_NAMES.get(tool_choice, tool_choice)
         names = [tool["function"]["name"] for tool in formatted]
         if choice not in ("auto", "any", "none") and choice not in names:
             raise ValueError(f"tool_choice {tool_choice!r} names no bound tool; bound: {', '.join(names)}")

@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from functools import cached_property
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
@@ -142,13 +142,13 @@ class PromptRenderer:
             first = one[: end + len(close)]
             rest = two[len(first) :]
             between = rest[: rest.index(syntax.open + "{")] if syntax.open else rest[: rest.index("{")]
-            syntax = CallSyntax(syntax.open, syntax.close, syntax.arguments_key, between=between)
+            syntax = replace(syntax, between=between)
         except Exception:  # noqa: BLE001 - Llama 3.1's template refuses a second call
             pass
         try:  # results: one `tool` message each, where the template renders them one after another
             result = {"role": "tool", "content": "r"}
             if reply(1, [result, result]).startswith(reply(1, [result])):
-                syntax = CallSyntax(syntax.open, syntax.close, syntax.arguments_key, syntax.between, tool_role=True)
+                syntax = replace(syntax, tool_role=True)
         except Exception:  # noqa: BLE001 - results then go in a user message
             pass
         return syntax

@@ -35,6 +35,8 @@ from .prompt import Message
 from .reply_format import JSON_LAYOUT, ReplyFormat
 
 ToolChoice = Literal["auto", "any", "none"] | str  # or the name of the one tool to call
+CHOICE_NAMES: dict[str | bool | None, ToolChoice] = {None: "auto", "auto": "auto", "none": "none", "any": "any", "required": "any", True: "any"}
+"""The choices as LangChain and OpenAI name them ("required" and True: a call of any tool)."""
 
 
 @dataclass(frozen=True)

@@ -209,13 +209,13 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         engine = s.tenants(tenant)
         await asyncio.to_thread(_guarded, lambda: s.tenants.store.get_session(stored))  # 404 before anything runs
 
+        options = body.options(s.settings.max_tokens)
+
         def start(ticket: Ticket) -> ReplyStream:
-            return engine.stream(stored, body.content, **body.options(s.settings.max_tokens), admit=ticket.admit)
+            return engine.stream(stored, body.content, **options, admit=ticket.admit)
 
         def cache_may_serve() -> bool:
-            return engine.may_answer_without_model(
-                body.content, session_id=stored, temperature=body.temperature, reply_format=body.options(s.settings.max_tokens)["reply_format"]
-            )
+            return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"])
 
         return await answer_turn(s, start, cache_may_serve, engine.least_prefill(body.content), body, s.hold_session(stored), session_id)
 

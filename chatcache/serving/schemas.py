@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..model.prompt import Message
-from ..model.tools import CallSyntax, ToolCall, ToolChoice, call_format, parse_calls
+from ..model.tools import CHOICE_NAMES, CallSyntax, ToolCall, ToolChoice, call_format, parse_calls
 from ..steering.tool_use import tool_of
 from ..model.reply_format import ReplyFormat, from_response_format
 from ..reply import Reply
@@ -220,7 +220,7 @@ class ChatCompletionRequest(Generation):
     def choice(self) -> ToolChoice:
         if isinstance(self.tool_choice, NamedToolChoice):
             return self.tool_choice.function.name
-        return {None: "auto", "auto": "auto", "none": "none", "required": "any"}[self.tool_choice]
+        return CHOICE_NAMES[self.tool_choice]
 
     @property
     def may_call(self) -> bool:
