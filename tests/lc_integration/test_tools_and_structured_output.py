@@ -248,6 +248,20 @@ HERMES_TEMPLATE = (
 )
 
 
+def _add_spec() -> dict:  # type: ignore[type-arg]
+    function = convert_to_openai_tool(add, strict=True)["function"]  # as bind_tools converts it
+    return {"type": "function", "function": {key: function[key] for key in ("name", "description", "parameters")}}
+
+
+ADD_SPEC = _add_spec()
+
+
+def _native_ids(model, messages: list[dict], **extra) -> list[int]:  # type: ignore[no-untyped-def, type-arg]
+    """The ids `model`'s own template gives a structured conversation with `add` bound."""
+    text = model.tokenizer.apply_chat_template(messages, tools=[ADD_SPEC], tokenize=False, **extra)
+    return model.tokenizer.encode(text, add_special_tokens=False)  # type: ignore[no-any-return]
+
+
 def _tiny_with_template(build_tiny, directory, template: str):  # type: ignore[no-untyped-def]
     """The tiny model, with room for tools, under another chat template."""
     from transformers import AutoTokenizer
@@ -280,12 +294,10 @@ def test_a_template_with_hermes_tools_lays_out_the_tools_and_the_history_itself(
     system, question = SystemMessage("You add."), HumanMessage("What is 1 + 2?")
     called = model.invoke([system, question])
     assert called.tool_calls and not called.invalid_tool_calls
-    function = convert_to_openai_tool(add, strict=True)["function"]  # as bind_tools converts it
-    spec = {"type": "function", "function": {key: function[key] for key in ("name", "description", "parameters")}}
+    spec = ADD_SPEC
 
     def native_ids(messages: list[dict], **extra) -> list[int]:  # type: ignore[no-untyped-def]
-        text = hermes_model.tokenizer.apply_chat_template(messages, tools=[spec], tokenize=False, **extra)
-        return hermes_model.tokenizer.encode(text, add_special_tokens=False)
+        return _native_ids(hermes_model, messages, **extra)
 
     asked = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 1 + 2?"}]
     assert called.usage_metadata["input_tokens"] == len(native_ids(asked, add_generation_prompt=True))
@@ -346,12 +358,10 @@ def test_a_template_with_its_own_call_format_gets_calls_written_its_way(llama_mo
     called = model.invoke([system, question])
     assert len(called.tool_calls) == 1 and not called.invalid_tool_calls  # one call a reply: the template takes no more
     jsonschema.validate(called.tool_calls[0]["args"], _args_schema(add))
-    function = convert_to_openai_tool(add, strict=True)["function"]
-    spec = {"type": "function", "function": {key: function[key] for key in ("name", "description", "parameters")}}
+    spec = ADD_SPEC
 
     def native_ids(messages: list[dict], **extra) -> list[int]:  # type: ignore[no-untyped-def]
-        text = llama_model.tokenizer.apply_chat_template(messages, tools=[spec], tokenize=False, **extra)
-        return llama_model.tokenizer.encode(text, add_special_tokens=False)
+        return _native_ids(llama_model, messages, **extra)
 
     asked = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 1 + 2?"}]
     assert called.usage_metadata["input_tokens"] == len(native_ids(asked, add_generation_prompt=True))
