@@ -31,7 +31,7 @@ from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionS
 from storage.answers import AnswerEntries, AnswerRecord
 from storage.engine import default_data_dir
 from storage.leases import Lease, SessionHead
-from storage.store import DEFAULT_TTL, NewFact, SessionStore
+from storage.store import DEFAULT_TTL, CommittedTurn, NewFact, SessionStore
 
 __all__ = [
     "AnswerEntries",
@@ -42,6 +42,7 @@ __all__ = [
     "SessionHead",
     "DEFAULT_TTL",
     "ChatSession",
+    "CommittedTurn",
     "CorruptDatabaseError",
     "Fact",
     "FactKind",

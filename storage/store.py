@@ -448,7 +448,7 @@ class SessionStore:
         expected_version: int,
         facts: Sequence[NewFact] = (),
         lease: str | None = None,
-    ) -> tuple[Message, ChatSession]:
+    ) -> CommittedTurn:
         """Store what a turn produced, all or nothing: the reply, the new state, the facts learned.
 
         A turn writes its user message when it arrives (`append_message`) and everything else
@@ -465,7 +465,8 @@ class SessionStore:
             lease: The turn lease this write is made under.
 
         Returns:
-            The stored reply and the session with its new version.
+            The stored reply, the session with its new version and the facts as stored (ids
+            and times), so the caller needs no second read to see what it wrote.
 
         Raises:
             StaleVersionError: Someone changed the state since the turn read it.
@@ -482,10 +483,12 @@ class SessionStore:
         with self._db.transaction() as db:
             self._touch(db, session_id, now, lease)
             message = self._insert_message(db, session_id, Role.ASSISTANT, reply, token_count, meta, reply_to, now)
-            for kind, fact in checked:
+            stored = [
                 self._upsert_fact(db, session_id, kind, fact.name, fact.value, fact.confidence, fact.source_turn, now)
+                for kind, fact in checked
+            ]
             session = self._replace_state(db, session_id, state, expected_version, now)
-            return message, session
+            return CommittedTurn(message, session, stored)
 
     def facts(self, session_id: str) -> list[Fact]:
         """Return the session's facts ordered by kind, then name.
@@ -621,6 +624,16 @@ class NewFact:
     value: str
     confidence: float
     source_turn: int
+
+
+@dataclass(frozen=True)
+class CommittedTurn:
+    """What `SessionStore.commit_turn` stored: the reply, the session at its new version, and the
+    turn's facts as rows (each replaced any earlier fact of its kind and name)."""
+
+    reply: Message
+    session: ChatSession
+    facts: list[Fact]
 
 
 def _checked_fact(kind: FactKind | str, name: str, value: str, confidence: float) -> FactKind:

@@ -284,7 +284,7 @@ class Conversations:
             LeaseLostError: another process holds the session now.
         """
         ids = list(reply.generated_ids or ())
-        message, session = self.store.commit_turn(
+        committed = self.store.commit_turn(
             conversation.id,
             reply.content,
             len(ids),
@@ -295,11 +295,11 @@ class Conversations:
             facts=conversation.learned,
             lease=conversation.lease,
         )
-        conversation.version, conversation.last_seq = session.version, message.seq
+        conversation.version, conversation.last_seq = committed.session.version, committed.reply.seq
         conversation.turns += [user, reply]
-        if conversation.learned:
-            conversation.facts = self.store.facts(conversation.id)
-            conversation.learned = []
+        stored = {(fact.kind, fact.name): fact for fact in committed.facts}  # a fact promoted twice: its last row
+        conversation.facts = [f for f in conversation.facts if (f.kind, f.name) not in stored] + list(stored.values())
+        conversation.learned = []
 
     def promote(self, conversation: Conversation, facts: list[tuple[str, str, str, float]], turn: int) -> None:
         """Confirm (kind, name, value, confidence) facts: the system message shows them from this

@@ -87,16 +87,20 @@ def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed
 
 def test_a_turn_writes_the_session_tier_twice_its_message_then_one_commit(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Even the turn that confirms a flow (its state, the action, the facts) writes its user
-    message on arrival and everything else in one transaction at the end."""
+    message on arrival and everything else in one transaction at the end, which also hands back
+    the stored facts: no second read."""
     engine = bank()
     engine.chat("s", TRANSFER, max_new_tokens=8)
-    writes: list[str] = []
-    for name in ("append_message", "commit_turn", "update_state", "upsert_fact"):
+    calls: list[str] = []
+    for name in ("append_message", "commit_turn", "update_state", "upsert_fact", "facts"):
         method = getattr(engine.store, name)
-        monkeypatch.setattr(engine.store, name, lambda *a, _m=method, _n=name, **k: (writes.append(_n), _m(*a, **k))[1])
+        monkeypatch.setattr(engine.store, name, lambda *a, _m=method, _n=name, **k: (calls.append(_n), _m(*a, **k))[1])
     reply = engine.chat("s", "yes, do it", max_new_tokens=8)
-    assert reply.dialogue_state == "DONE" and len(engine.store.facts("s")) == 3
-    assert writes == ["append_message", "commit_turn"]
+    assert calls == ["append_message", "commit_turn"]
+    monkeypatch.undo()
+    stored = engine.store.facts("s")
+    assert reply.dialogue_state == "DONE" and len(stored) == 3
+    assert sorted(engine.conversations.open("s", create=False).facts, key=lambda f: (f.kind, f.name)) == stored
 
 
 def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -16,14 +16,26 @@ def _asked(store: SessionStore) -> tuple[int, int]:
 def test_the_reply_state_and_facts_are_stored_together(store: SessionStore) -> None:
     seq, version = _asked(store)
     facts = [NewFact("intent", "current", "transfer", 0.97, 1), NewFact("slot", "amount", "200", 0.97, 1)]
-    reply, session = store.commit_turn(
+    committed = store.commit_turn(
         "s1", "Sending 200 to Bob.", 6, {"tier": "model"}, reply_to=seq, state={"step": "confirm"},
         expected_version=version, facts=facts,
     )  # fmt: skip
+    reply, session = committed.reply, committed.session
     assert (reply.role.value, reply.reply_to, reply.seq) == ("assistant", seq, seq + 1)
     assert session.state == {"step": "confirm"} and session.version == version + 1
     assert [(f.kind.value, f.name, f.value) for f in store.facts("s1")] == [("intent", "current", "transfer"), ("slot", "amount", "200")]
+    assert committed.facts == store.facts("s1"), "what it returns is what it stored, ids and times included"
     assert [m.content for m in store.messages("s1")] == ["send 200 to Bob", "Sending 200 to Bob."]
+
+
+def test_a_fact_learned_again_replaces_the_stored_one(store: SessionStore) -> None:
+    seq, version = _asked(store)
+    store.upsert_fact("s1", "slot", "amount", "100", 0.9, 0)
+    committed = store.commit_turn(
+        "s1", "Sending 200.", 3, None, reply_to=seq, state={}, expected_version=version,
+        facts=[NewFact("slot", "amount", "200", 0.97, 1)],
+    )  # fmt: skip
+    assert committed.facts == store.facts("s1") and [f.value for f in committed.facts] == ["200"]
 
 
 def test_a_stale_state_stores_nothing_of_the_turn(store: SessionStore) -> None:
