@@ -171,10 +171,10 @@ class ReplyFormats:
         return FormatMatcher(self._ll_tokenizer, reply_format)
 
 
-CHARS_PER_TOKEN = 2  # a low estimate for text in JSON strings, so that a bounded reply fits
 MIN_STRING_CHARS = 8
 ASSUMED_ITEMS = 4  # how many items a string array without `maxItems` is budgeted for
 SAFE_INTEGER = 2**53 - 1
+VALUE_CHARS = 7  # around any value: its quotes or brackets and a separator, or a `false` and its separator
 
 
 def within_budget(schema: Mapping[str, Any], max_new_tokens: int, reserved_tokens: int = 0) -> dict[str, Any]:
@@ -185,19 +185,22 @@ def within_budget(schema: Mapping[str, Any], max_new_tokens: int, reserved_token
     Why: a small model under greedy decoding loops inside a JSON string ("a cat is a cat, a cat
     is a cat, ...") until its budget ends, leaving JSON that does not parse. Each string the
     schema leaves unbounded (no `maxLength`, `enum`, `const`, `pattern` or `format`) gets a
-    share of the characters the budget leaves after the keys, at least `MIN_STRING_CHARS`; a
-    string in an array counts once per item it may repeat (`maxItems`, else `ASSUMED_ITEMS`).
-    Each unbounded integer keeps to the range every JSON reader holds exactly (|n| < 2**53), so
-    its digits cannot run on either. Every reply the bounded schema allows still validates
-    against `schema`.
+    share of the characters the budget leaves after the keys, punctuation, integers and bounded
+    strings, at least
+    `MIN_STRING_CHARS`; a string in an array counts once per item it may repeat (`maxItems`,
+    else `ASSUMED_ITEMS`). Each unbounded integer keeps to the range every JSON reader holds
+    exactly (|n| < 2**53), so its digits cannot run on either. Characters are counted a token
+    each: text usually takes fewer, but digits take one each on many tokenizers (SmolLM's), and
+    at two characters a token a list of four dates overran its budget. Every reply the bounded
+    schema allows still validates against `schema`.
     """
     bounded = json.loads(json.dumps(schema))
     free: list[dict[str, Any]] = []
     weight = 0  # free strings, counted once per time each may appear
-    key_chars = 0
+    fixed_chars = 0  # keys, punctuation, integers and strings bounded already
 
     def walk(node: Any, repeats: int) -> None:
-        nonlocal key_chars, weight
+        nonlocal fixed_chars, weight
         if isinstance(node, list):
             for item in node:
                 walk(item, repeats)
@@ -205,23 +208,28 @@ def within_budget(schema: Mapping[str, Any], max_new_tokens: int, reserved_token
         if not isinstance(node, dict):
             return
         kinds = node.get("type")
+        if kinds is not None:
+            fixed_chars += VALUE_CHARS * repeats
         kinds = kinds if isinstance(kinds, list) else [kinds]
         if "string" in kinds and not ({"maxLength", "enum", "const", "pattern", "format"} & node.keys()):
             free.append(node)
             weight += repeats
+        elif "string" in kinds and isinstance(node.get("maxLength"), int):
+            fixed_chars += node["maxLength"] * repeats
         if "integer" in kinds and not ({"enum", "const"} & node.keys()):
             node.setdefault("minimum", -SAFE_INTEGER)
             node.setdefault("maximum", SAFE_INTEGER)
+            fixed_chars += max(len(str(node["minimum"])), len(str(node["maximum"]))) * repeats
         properties = node.get("properties")
         for name in properties if isinstance(properties, dict) else {}:
-            key_chars += (len(name) + 6) * repeats  # quotes, ": ", ", "
+            fixed_chars += (len(name) + 6) * repeats  # quotes, ": ", ", "
         for key, value in node.items():
             items = node.get("maxItems", ASSUMED_ITEMS) if key in ("items", "prefixItems") else 1
             walk(value, repeats * max(1, int(items)))
 
     walk(bounded, 1)
     if free:
-        share = max(MIN_STRING_CHARS, ((max_new_tokens - reserved_tokens) * CHARS_PER_TOKEN - key_chars) // weight)
+        share = max(MIN_STRING_CHARS, (max_new_tokens - reserved_tokens - fixed_chars) // weight)  # a character a token
         for node in free:
             node["maxLength"] = share
     return bounded  # type: ignore[no-any-return]

@@ -148,6 +148,32 @@ def test_within_budget_bounds_free_strings_only() -> None:
     jsonschema.validate({"free": "x" * props["free"]["maxLength"], "nested": [None, "y"]}, schema)
 
 
+def test_the_longest_reply_a_bounded_schema_allows_fits_the_budget(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """Filled to every bound with digits (a token each on SmolLM's tokenizer; the tiny model's
+    400-token vocabulary spends one on nearly every character), the reply still closes within its
+    budget: the case of four dates that overran it at two characters a token."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "dates": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+            "code": {"type": "string", "maxLength": 6},
+            "count": {"type": "integer"},
+            "note": {"type": "string"},
+        },
+        "required": ["dates", "code", "count", "note"],
+    }
+    for budget in (150, 200, 400):  # on a smaller one, the minimum lengths alone may not fit
+        props = within_budget(schema, max_new_tokens=budget)["properties"]
+        longest = {
+            "dates": ["1" * props["dates"]["items"]["maxLength"]] * 4,
+            "code": "1" * 6,
+            "count": props["count"]["minimum"],
+            "note": "1" * props["note"]["maxLength"],
+        }
+        jsonschema.validate(longest, schema)
+        assert len(tiny_model.tokenizer.encode(json.dumps(longest), add_special_tokens=False)) <= budget, budget
+
+
 def test_held_turns_on_the_token_tier_equal_the_uncached_path(engine, make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
     """Later turns reuse the session's KV (the held reply included) and still give what a full
     recompute gives."""
