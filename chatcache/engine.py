@@ -240,9 +240,7 @@ class ChatEngine:
                 self.answer_cache,
                 Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), tenant),
                 self.runner,
-                self.conversations,
-                self.renderer,
-                self.context_window,
+                self.conversations.user_id,
                 bot_texts=self._bot_texts(),
             )
             if self.answer_cache is not None
@@ -253,7 +251,7 @@ class ChatEngine:
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._tool_embed: Embed | None = None  # the tool router's, loaded on the first call with tools
-        self.prefetcher = self.answers.prefetcher(store, lambda: self._busy > 0) if prefetch and self.answers else None
+        self.prefetcher = self.answers.prefetcher(store, self._prefetch, lambda: self._busy > 0) if prefetch and self.answers else None
 
     @property
     def embed(self) -> Embed | None:
@@ -861,7 +859,11 @@ class ChatEngine:
     def _plan(self, conversation: Conversation, turn: Turn) -> Prompt:
         """The prompt: a session's turns that fit, or the given conversation whole."""
         if not turn.given:
-            return self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens)
+            laid_out, start = self._layout_prompt(conversation, turn.user, turn.params.max_new_tokens, conversation.segments)
+            conversation.context_start = start  # from now on, and after a restart once the turn commits
+            # The user's segment is not memoized: if this turn fails, another message takes its place.
+            del conversation.segments.ids[len(conversation.window()) :]
+            return laid_out
         messages = [*conversation.window(), turn.user]
         prompt = (turn.renderer or self.renderer).conversation_ids(messages, RenderedSegments())
         if len(prompt) + turn.params.max_new_tokens > self.context_window:
@@ -871,24 +873,48 @@ class ChatEngine:
             )
         return Prompt(prompt, messages)
 
-    def _layout_prompt(self, conversation: Conversation, user: Message, max_new_tokens: int) -> Prompt:
-        """The conversation plus `user`, dropping the oldest whole turns that do not fit.
+    def _layout_prompt(
+        self, conversation: Conversation, user: Message, max_new_tokens: int, memo: RenderedSegments
+    ) -> tuple[Prompt, int]:
+        """The conversation plus `user`, dropping the oldest whole turns that do not fit, and
+        the window start that leaves; it changes nothing but `memo`, the rendered segments.
 
-        Dropped turns stay dropped on later turns, so the prompt's start stays stable and the
-        token tier (or a remote server's prefix cache) keeps reusing it. The system prompt is
-        never dropped.
+        A turn keeps the start (`_plan`): dropped turns stay dropped on later turns, so the
+        prompt's start stays stable and the token tier (or a remote server's prefix cache) keeps
+        reusing it. The system prompt is never dropped.
         """
         room = self.context_window - max_new_tokens
         start = conversation.context_start
         while True:
             if start != conversation.context_start:
-                conversation.segments.ids.clear()
+                memo.ids.clear()
             messages = [*conversation.window(start), user]
-            prompt = self.renderer.conversation_ids(messages, conversation.segments)
+            prompt = self.renderer.conversation_ids(messages, memo)
             if len(prompt) <= room:
-                break
+                return Prompt(prompt, messages, start // 2), start
             start += 2  # one user message and its reply
-        conversation.context_start = start  # from now on, and after a restart once the turn commits
-        # The user's segment is not memoized: if this turn fails, another message takes its place.
-        del conversation.segments.ids[len(conversation.window()):]
-        return Prompt(prompt, messages, start // 2)
+
+    def _prefetch(self, session_id: str, question: str, should_stop: Callable[[], bool]) -> bool:
+        """ACPC: answer `question` into the answer cache as the session's next turn would ask it,
+        from the same steps: the scope `_understand` gives a turn that no flow steers, the prompt
+        `_plan` lays out, the model on a copy of the session's KV. The session itself is left as
+        it is (its dialogue, window and KV). False if skipped or stopped.
+        """
+        assert self.answers is not None and isinstance(self.runner, ModelRunner)  # the constructor refuses prefetch on a remote model
+        conversation = self.conversations.open(session_id, create=False)
+        if not conversation.lock.acquire(blocking=False):
+            return False  # the session is in a turn: its own answer comes first
+        try:
+            where = self.answers.scope(conversation, TurnContext(), question)
+            if where is None or not where.storable or self.answers.cache.contains(question, where.scope):
+                return False
+            params = GenerationConfig()
+            memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
+            prompt, start = self._layout_prompt(conversation, Message("user", question), params.max_new_tokens, memo)
+            if start != conversation.context_start:
+                return False  # the turn would drop old turns, and how many depends on its own max_new_tokens
+        finally:
+            conversation.lock.release()
+        started = time.perf_counter()
+        completion = self.runner.complete(prompt.ids, self.runner.token_tier.copy_for(session_id, prompt.ids), params, should_stop)
+        return completion is not None and self.answers.store_prefetched(question, completion, where, started)

@@ -3,7 +3,7 @@
 The answer cache itself (`answer_cache/`) knows nothing about conversations or models. This
 module decides, per turn, which context an answer belongs to (the scope), which replies may
 be stored (finished greedy ones), samples served answers for an audit against the model, and
-answers the likely next question in the background (ACPC) on a copy of the session's KV.
+keeps what the engine answered in the background for the likely next question (ACPC).
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ from .keys import conversation_context, intent_context, normalize
 from .personal import any_personal_data
 from .verify import stems
 from ..config import GenerationConfig
-from ..tiers.conversations import Conversation, Conversations
+from ..tiers.conversations import Conversation
 from ..steering.hcac import TurnContext
-from ..tiers.kv import crop_to, new_cache
-from ..model.runner import ModelRunner
-from .prefetch import Prefetcher, TransitionModel
-from ..model.prompt import Message, Prompt, PromptRenderer, RenderedSegments
+from ..model.runner import Completion, ModelRunner
+from .prefetch import Answer, Prefetcher, TransitionModel
+from ..model.prompt import Message, Prompt
 from ..model.remote import RemoteRunner
 from ..reply import TurnStats
-from ..tiers.token_tier import common_prefix_length
-
-PREFETCH_REPLY_ROOM = 256
-"""Tokens a prefetched answer may take; a question whose prompt leaves less is not prefetched."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +82,8 @@ class CachedAnswers:
     Args:
         cache: the answer cache.
         base: the scope every answer of this engine shares (model, bot, tenant).
-        runner: runs the model for audits and prefetching (prefetching only on a local model).
-        conversations: the sessions, for prefetching on their current window.
-        renderer: turns messages into prompt ids.
-        context_window: prompt plus reply limit in tokens.
+        runner: runs the model for audits.
+        user_id: the engine's user, whose follow-ups only they share.
         bot_texts: the bot's own wording (its system prompt, its intents' examples): words from
             it in a shared answer are nobody's particulars.
     """
@@ -100,17 +93,13 @@ class CachedAnswers:
         cache: AnswerCache,
         base: Scope,
         runner: ModelRunner | RemoteRunner,
-        conversations: Conversations,
-        renderer: PromptRenderer,
-        context_window: int,
+        user_id: str,
         bot_texts: Iterable[str] = (),
     ) -> None:
         self.cache = cache
         self.base = base
         self.runner = runner
-        self.conversations = conversations
-        self.renderer = renderer
-        self.context_window = context_window
+        self.user_id = user_id
         self.common_words = frozenset(stem for text in bot_texts for stem in stems(text))
         self._audit_rng = random.Random(0)
 
@@ -121,7 +110,7 @@ class CachedAnswers:
         engine's bot fingerprint (the LangChain path: a conversation brings its own system
         prompt), and `reply_format` names the format the reply is held to (`ReplyFormat.key`)."""
         base = replace(self.base, bot=bot or self.base.bot, reply_format=reply_format)
-        return answer_scope(base, self.conversations.user_id, conversation, context, question)
+        return answer_scope(base, self.user_id, conversation, context, question)
 
     def holds_exact(self, conversation: Conversation, question: str, bot: str | None = None, reply_formats: Sequence[str] = ("",)) -> bool:
         """Whether this exact question has a live answer where this turn could look, in one of
@@ -187,8 +176,9 @@ class CachedAnswers:
         completion = self.runner.answer(prompt(), params)
         self.cache.record_audit(normalize(completion.text) == normalize(hit.answer))
 
-    def prefetcher(self, store: SessionStore, busy: Callable[[], bool]) -> Prefetcher:
-        """A background prefetcher whose next-question model is learned from the stored conversations."""
+    def prefetcher(self, store: SessionStore, answer: Answer, busy: Callable[[], bool]) -> Prefetcher:
+        """A background prefetcher whose next-question model is learned from the stored
+        conversations; `answer` answers a predicted question (`ChatEngine._prefetch`)."""
         model = TransitionModel()
         for session in store.list_sessions(limit=1000):
             records = store.messages(session.id)
@@ -198,38 +188,17 @@ class CachedAnswers:
                     reply = records[index + 1] if index + 1 < len(records) else None
                     turns.append((record.content, ((reply.meta or {}) if reply else {}).get("intent")))
             model.learn(turns)
-        return Prefetcher(model, self.prefetch, busy)
+        return Prefetcher(model, answer, busy)
 
-    def prefetch(self, session_id: str, question: str, should_stop: Callable[[], bool]) -> bool:
-        """Answer `question` as the session's next turn would, into the answer cache; False if skipped."""
-        conversation = self.conversations.open(session_id, create=False)
-        if not conversation.lock.acquire(blocking=False):
-            return False  # the session is in a turn: its own answer comes first
-        try:
-            where = self.scope(conversation, TurnContext(), question)
-            if where is None or not where.storable or self.cache.contains(question, where.scope):
-                return False
-            scope = where.scope
-            memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
-            prompt = self.renderer.conversation_ids([*conversation.window(), Message("user", question)], memo)
-        finally:
-            conversation.lock.release()
-        if len(prompt) + PREFETCH_REPLY_ROOM > self.context_window:
-            return False
-        assert isinstance(self.runner, ModelRunner)  # the engine refuses prefetch on a remote model
-        snapshot = self.runner.token_tier.snapshot(session_id)
-        cache = new_cache(self.runner.chat_model.model.config)
-        if snapshot is not None:
-            ids, cache = snapshot
-            crop_to(cache, min(common_prefix_length(ids, prompt), len(prompt) - 1))
-        started = time.perf_counter()
-        completion = self.runner.complete(prompt, cache, GenerationConfig(), should_stop)
-        if completion is None or not completion.ended:
+    def store_prefetched(self, question: str, completion: Completion, where: AnswerScope, started: float) -> bool:
+        """Keep an answer made ahead of its question, marked as prefetched, if the model ended it
+        (a cut-off answer is not one); whether it was kept."""
+        if not completion.ended:
             return False
         return self.cache.store(
             question,
             completion.text,
-            scope,
+            where.scope,
             entropy_bits=completion.mean_entropy_bits,
             latency_ms=(time.perf_counter() - started) * 1000,
             prefetched=True,

@@ -224,13 +224,17 @@ class TokenTier:
             self._policy.touch(self._heat.setdefault(session_id, Heat()), time.monotonic(), latency_ms)
             self._evict_to_fit(keep=None)
 
-    def snapshot(self, session_id: str) -> tuple[list[int], DynamicCache] | None:
-        """A private copy of an idle session's ids and KV, for work beside the conversation (prefetch)."""
+    def copy_for(self, session_id: str, prompt: list[int]) -> DynamicCache:
+        """A private copy of an idle session's KV, as far as `prompt` begins the same (and short
+        of its last token, which the model must read), for work beside the conversation
+        (prefetch); empty when the session has no KV in memory."""
         with self._lock:
             entry = self._sessions.get(session_id)
             if entry is None:
-                return None
-            return list(entry.ids), kv.clone(entry.cache, self._model_config)
+                return kv.new_cache(self._model_config)
+            copy, shared = kv.clone(entry.cache, self._model_config), common_prefix_length(entry.ids, prompt)
+        kv.crop_to(copy, min(shared, len(prompt) - 1))
+        return copy
 
     def release(self, session_id: str) -> None:
         """Cancel a checkout whose turn failed: nothing is kept, so the next turn recomputes."""

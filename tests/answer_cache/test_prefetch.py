@@ -77,3 +77,31 @@ def test_a_prefetched_answer_is_served_and_equals_the_models(make_engine, bundle
     uncached.chat("new", first, max_new_tokens=40)
     assert served.text == uncached.chat("new", then, max_new_tokens=40).text
     engine.close()
+
+
+def test_a_prefetch_is_the_next_turns_answer_and_leaves_the_session_as_it_is(make_engine, tiny_model, toy_embed) -> None:  # type: ignore[no-untyped-def]
+    """Prefetch runs the turn's own steps (its scope, its prompt layout, the model on a copy of
+    the session's KV): the answer it stores is what the model says on that turn, and the session
+    keeps its window, rendered segments and KV, so a turn that asks something else goes on as
+    without it."""
+    from chatcache import AnswerCacheConfig
+
+    cached = make_engine(
+        tiny_model, answer_cache=AnswerCacheConfig(max_entropy_bits=99.0), embedder=toy_embed,
+        token_tier=TokenTierConfig(spill_dir=None),
+    )  # fmt: skip
+    plain = make_engine(tiny_model, token_tier=TokenTierConfig(spill_dir=None))
+    question = "ok"
+    for session, opening in (("asks", "hello there"), ("moves on", "good morning")):
+        for engine in (cached, plain):
+            engine.chat(session, opening, max_new_tokens=6)
+        conversation = cached.conversations.open(session, create=False)
+        window, segments = conversation.context_start, [list(ids) for ids in conversation.segments.ids]
+        assert cached._prefetch(session, question, lambda: False), "the tiny model ends this answer: it is stored"
+        assert (conversation.context_start, conversation.segments.ids) == (window, segments)
+    served, fresh = (engine.chat("asks", question, max_new_tokens=256) for engine in (cached, plain))
+    assert served.stats.answer_cache_hit and not fresh.stats.answer_cache_hit
+    assert served.text == fresh.text
+    other, other_plain = (engine.chat("moves on", "and then", max_new_tokens=6) for engine in (cached, plain))
+    assert not other.stats.answer_cache_hit and other.token_ids == other_plain.token_ids
+    assert other.stats.reused_tokens == other_plain.stats.reused_tokens > 0
