@@ -190,7 +190,8 @@ class CachedChatModel(BaseChatModel):
                 (the reply is a call of a tool whose arguments are the schema) or "json_mode"
                 (the reply is a JSON object; the schema only parses it).
             include_raw: return `{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`.
-            strict: without `strict=False`, objects take no properties beyond their schema's.
+            strict: without `strict=False`, objects take no properties beyond their schema's (in
+                JSON mode too, when it is given a schema).
         """
         pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         if schema is None and method != "json_mode":
@@ -210,8 +211,9 @@ class CachedChatModel(BaseChatModel):
         elif method in ("json_schema", "json_mode"):
             if method == "json_schema" or schema_given:
                 # JSON mode promises an object only; held to the schema it was given too, the
-                # reply also parses into it (a small model leaves out keys the prompt asked for).
-                parameters = convert_to_openai_tool(schema, strict=method == "json_schema" and strict is not False)
+                # reply also parses into it (a small model leaves out keys the prompt asked for,
+                # and with little room left for strings, makes up keys it did not).
+                parameters = convert_to_openai_tool(schema, strict=strict is not False)
                 response_format = {"type": "json_schema", "json_schema": {"schema": parameters["function"]["parameters"]}}
             else:
                 response_format = {"type": "json_object"}
