@@ -118,9 +118,11 @@ def served_model_id(name: str) -> str:
 
 
 def warm_up(server: Server) -> None:
-    """One short off-the-record answer through the engine, then decode steps of each of
-    `WARM_UP_BATCHES` rows on the scheduler, so it has measured its prefill rate and the step
-    costs of those batch sizes before the first client is admitted. Each row starts from a
+    """One short off-the-record answer through the engine; then, for a server with a TTFT SLO,
+    decode steps of each of `WARM_UP_BATCHES` rows on the scheduler, so it has measured its
+    prefill rate and the step costs of those batch sizes before admission control judges the
+    first client against the SLO (without one it refuses on queue length only, and the
+    batches would only delay the start: 12 to 15 s on the bundled model). Each row starts from a
     copy of the system prompt's KV, as a new session's first turn does: a step's cost grows
     with the context it attends over, and rates measured on a few tokens of context made the
     first turns of a burst wait twice their prediction. Nothing is left behind: the engine's
@@ -133,6 +135,8 @@ def warm_up(server: Server) -> None:
     token_tier, runner = server.tenants.token_tier, engine.runner
     assert isinstance(runner, ModelRunner)  # a server runs a local model (`build_server`)
     token_tier.drop("warm-up")
+    if server.settings.ttft_slo is None:
+        return
     scheduler, prefix = server.chat_model.scheduler, runner.system_ids
     prompt = prefix + engine.renderer.encode_text("Hello, how can I help you today?")
     for rows in WARM_UP_BATCHES:

@@ -69,7 +69,7 @@ def test_health_and_ready(serve) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    live = serve(answer_cache=True, drift=True)
+    live = serve(answer_cache=True, drift=True, ttft_slo=5.0)
     server = live.app.state.server
     scheduler = server.chat_model.scheduler
     rates = scheduler.rates
@@ -92,3 +92,14 @@ def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve, monkeyp
     warm_up(server)
     assert started_from == [len(engine.runner.system_ids)] * (1 + sum(WARM_UP_BATCHES))
     assert tier.stats().resident_bytes == prefix_bytes and tier.room_for_another()
+
+
+def test_without_an_slo_the_warm_up_decodes_no_batches(serve, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Only admission against a TTFT SLO reads the batch rates; without one the start is not delayed for them."""
+    server = serve(answer_cache=True).app.state.server
+    scheduler = server.chat_model.scheduler
+    submitted: list[int] = []
+    submit = scheduler.submit
+    monkeypatch.setattr(scheduler, "submit", lambda cache, pending, *args: (submitted.append(len(pending)), submit(cache, pending, *args))[1])
+    warm_up(server)
+    assert len(submitted) == 1, "the engine's one short answer, no batch"

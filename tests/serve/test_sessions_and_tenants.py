@@ -92,7 +92,7 @@ def test_one_users_answer_never_reaches_another_after_the_same_small_talk(serve,
         with live.client() as http:
             http.post("/v1/sessions", json={"id": session}).raise_for_status()
             turns = [f"Hello, my name is {name}.", *script]
-            return [http.post(f"/v1/sessions/{session}/messages", json={"content": text, "max_tokens": 32}).json() for text in turns]
+            return [http.post(f"/v1/sessions/{session}/messages", json={"content": text, "max_tokens": 24}).json() for text in turns]
 
     cached = serve(answer_cache=True, **settings)
     ada = converse(cached, "ada", "Ada")
