@@ -186,13 +186,14 @@ def within_budget(schema: Mapping[str, Any], max_new_tokens: int, reserved_token
     is a cat, ...") until its budget ends, leaving JSON that does not parse. Each string the
     schema leaves unbounded (no `maxLength`, `enum`, `const`, `pattern` or `format`) gets a
     share of the characters the budget leaves after the keys, punctuation, integers and bounded
-    strings, at least
-    `MIN_STRING_CHARS`; a string in an array counts once per item it may repeat (`maxItems`,
-    else `ASSUMED_ITEMS`). Each unbounded integer keeps to the range every JSON reader holds
-    exactly (|n| < 2**53), so its digits cannot run on either. Characters are counted a token
-    each: text usually takes fewer, but digits take one each on many tokenizers (SmolLM's), and
-    at two characters a token a list of four dates overran its budget. Every reply the bounded
-    schema allows still validates against `schema`.
+    strings, at least `MIN_STRING_CHARS`; a string in an array counts once per item it may
+    repeat (`maxItems`, else `ASSUMED_ITEMS`). Each unbounded integer keeps to the range every
+    JSON reader holds exactly (|n| < 2**53), so its digits cannot run on either. Characters are
+    counted a token each: text usually takes fewer, but digits take one each on many tokenizers
+    (SmolLM's), and at two characters a token a list of four dates overran its budget. So a
+    small budget leaves short strings (8 characters each for a two-string object at 64 tokens;
+    104 at the default 256). Every reply the bounded schema allows still validates
+    against `schema`.
     """
     bounded = json.loads(json.dumps(schema))
     free: list[dict[str, Any]] = []
