@@ -188,7 +188,7 @@ class CachedChatModel(BaseChatModel):
         Args:
             method: "json_schema" (the reply is JSON held to the schema), "function_calling"
                 (the reply is a call of a tool whose arguments are the schema) or "json_mode"
-                (the reply is a JSON object; the schema only parses it).
+                (a JSON object; held to the schema too when one is given, as for json_schema).
             include_raw: return `{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`.
             strict: without `strict=False`, objects take no properties beyond their schema's (in
                 JSON mode too, when it is given a schema).
