@@ -13,6 +13,12 @@ optimisation: one that fails (full disk, ...) is logged and the KV dropped, so t
 next turn recomputes it; the turn that caused it goes on. A session's heat is kept only while
 its KV is in memory or on disk. Shared prefixes are copied, never lent: `forward` extends the
 cache it is given.
+
+A spill file is written outside the tier's lock, by the thread whose turn made the room: a
+write takes a few hundred milliseconds for a 1,000-token session, and under the lock it held up
+every other turn's checkout and admission control's memory checks (a server's fast refusals
+among them). Until its file is written an evicted session's KV still counts as resident, so no
+turn starts on memory that is not free yet; that session's own next checkout waits for the file.
 """
 
 from __future__ import annotations
@@ -103,6 +109,7 @@ class TokenTier:
         self._sessions: dict[str, KVEntry] = {}  # LFU+ picks victims: insertion order means nothing
         self._prefixes: OrderedDict[str, KVEntry] = OrderedDict()
         self._in_use: dict[str, int] = {}
+        self._spilling: dict[str, KVEntry] = {}  # evicted; their files are being written
         self._heat: dict[str, Heat] = {}
         self._policy = LfuPlus()
         self._stats = TokenTierStats(budget_bytes=config.memory_budget_bytes)
@@ -129,15 +136,20 @@ class TokenTier:
         """
         limit = len(prompt) - 1  # leave one token to prefill, even on an exact hit
         reserve = reserve_tokens * self.bytes_per_token
-        with self._lock:
-            # Turns in flight are never cut short, so one that would take memory past the budget
-            # even with every idle session evicted waits until an earlier one is done; one whose
-            # memory was held since its admission (`reserve`) has it already.
-            while session_id not in self._in_use and not self._has_room(reserve):
-                self._memory_freed.wait()
-            self._in_use[session_id] = reserve
-            self._evict_to_fit(keep=session_id)
-            entry, tier = self._sessions.pop(session_id, None), "session"
+        while True:
+            with self._lock:
+                # Turns in flight are never cut short, so one that would take memory past the
+                # budget even with every idle session evicted waits until an earlier one is done;
+                # one whose memory was held since its admission (`reserve`) has it already.
+                held = session_id in self._in_use
+                while session_id in self._spilling or (not held and not self._has_room(reserve)):
+                    self._memory_freed.wait()
+                evicted = self._evict_to_fit(keep=session_id, adding=0 if held else reserve)
+                if not evicted:
+                    self._in_use[session_id] = reserve
+                    entry, tier = self._sessions.pop(session_id, None), "session"
+                    break
+            self._write_out(evicted)  # then room is checked again: another turn may have taken it
         if entry is None and self._spill is not None:
             entry, tier = self._restore(session_id), "disk"
         if entry is not None and self.config.enabled:
@@ -163,7 +175,7 @@ class TokenTier:
         if not self.config.enabled:
             return 0
         with self._lock:
-            entry = self._sessions.get(session_id)
+            entry = self._sessions.get(session_id) or self._spilling.get(session_id)
             ids = entry.ids if entry is not None else None
         if ids is None and self._spill is not None:
             ids = self._spill.spilled_ids(session_id)
@@ -222,7 +234,8 @@ class TokenTier:
             entry = KVEntry(ids=list(ids), cache=cache, nbytes=kv.kv_bytes(cache))
             self._sessions[session_id] = entry
             self._policy.touch(self._heat.setdefault(session_id, Heat()), time.monotonic(), latency_ms)
-            self._evict_to_fit(keep=None)
+            evicted = self._evict_to_fit(keep=None)
+        self._write_out(evicted)
 
     def copy_for(self, session_id: str, prompt: list[int]) -> DynamicCache:
         """A private copy of an idle session's KV, as far as `prompt` begins the same (and short
@@ -245,6 +258,8 @@ class TokenTier:
     def drop(self, session_id: str) -> None:
         """Forget a session everywhere: memory and disk."""
         with self._lock:
+            while session_id in self._spilling:  # its file would be written after the discard
+                self._memory_freed.wait()
             self._sessions.pop(session_id, None)
             self._heat.pop(session_id, None)
         if self._spill is not None:
@@ -256,9 +271,9 @@ class TokenTier:
         A session in a turn is checked out, not in memory here: its checkin keeps it as usual.
         """
         with self._lock:
-            if session_id in self._sessions:
-                self._evict(session_id)
+            evicted = self._take_out(session_id) if session_id in self._sessions else []
             self._heat.pop(session_id, None)
+        self._write_out(evicted)
 
     def spill_all(self) -> int:
         """Write every idle session to disk (at shutdown), so the next process restores them.
@@ -269,8 +284,9 @@ class TokenTier:
             return 0
         with self._lock:
             written = self._stats.spills
-            for session_id in list(self._sessions):  # a session in a turn is checked out, not here
-                self._evict(session_id)
+            evicted = [sid for session_id in list(self._sessions) for sid in self._take_out(session_id)]  # a session in a turn is checked out, not here
+        self._write_out(evicted)
+        with self._lock:
             return self._stats.spills - written
 
     def clear(self) -> None:
@@ -282,15 +298,20 @@ class TokenTier:
     # -- memory -------------------------------------------------------------------------
 
     def _has_room(self, reserve: int) -> bool:
-        """Whether a turn reserving `reserve` bytes fits beside the turns in flight and the prefixes,
-        every idle session evicted; a turn alone always starts, whatever its size."""
-        held = sum(self._in_use.values()) + sum(e.nbytes for e in self._prefixes.values())
+        """Whether a turn reserving `reserve` bytes fits beside the turns in flight, the prefixes
+        and the sessions whose files are being written, every idle session evicted; a turn alone
+        always starts, whatever its size."""
+        held = sum(self._in_use.values()) + sum(e.nbytes for e in self._prefixes.values()) + self._spilling_bytes()
         return not self._in_use or held + reserve <= self.config.memory_budget_bytes
 
+    def _spilling_bytes(self) -> int:
+        return sum(e.nbytes for e in self._spilling.values())
+
     def resident_bytes(self) -> int:
+        """KV bytes in memory: idle sessions, prefixes, turns in flight and sessions being written to disk."""
         with self._lock:
             held = sum(e.nbytes for e in self._sessions.values()) + sum(e.nbytes for e in self._prefixes.values())
-            return held + sum(self._in_use.values())
+            return held + sum(self._in_use.values()) + self._spilling_bytes()
 
     def stats(self) -> TokenTierStats:
         with self._lock:
@@ -300,34 +321,53 @@ class TokenTier:
             self._stats.failed_restores = self._spill.rejected if self._spill is not None else 0
             return TokenTierStats(**{**self._stats.__dict__, "hits": dict(self._stats.hits)})
 
-    def _evict_to_fit(self, keep: str | None) -> None:
-        """Evict idle sessions (coldest by LFU+ first) until everything fits the budget."""
-        while self.resident_bytes() > self.config.memory_budget_bytes:
+    def _evict_to_fit(self, keep: str | None, adding: int = 0) -> list[str]:
+        """Evict idle sessions (coldest by LFU+ first) until everything fits the budget with
+        `adding` bytes more once the files being written are done (lock held); returns the
+        sessions whose files the caller must write (`_write_out`) after releasing the lock."""
+        evicted: list[str] = []
+        while self.resident_bytes() - self._spilling_bytes() + adding > self.config.memory_budget_bytes:
             idle = {sid: self._heat[sid] for sid in self._sessions if sid != keep}
             victim = self._policy.victim(idle, time.monotonic())
             if victim is not None:
-                self._evict(victim)
+                evicted.extend(self._take_out(victim))
             elif len(self._prefixes) > 0 and not self._in_use:
                 self._prefixes.popitem(last=False)
             else:
                 break  # only in-flight turns are left; they are never cut short
+        return evicted
 
-    def _evict(self, session_id: str) -> None:
+    def _take_out(self, session_id: str) -> list[str]:
+        """Evict an idle session (lock held): its KV waits in `_spilling` for its file, or is
+        dropped without a spill dir. Returns the sessions to write out: it, or none."""
         entry = self._sessions.pop(session_id)
         self._stats.evictions += 1
-        if self._spill is None or not self._spill_entry(session_id, entry):
+        if self._spill is None:
             self._heat.pop(session_id, None)  # nothing left to be hot about
+            return []
+        self._spilling[session_id] = entry
+        return [session_id]
 
-    def _spill_entry(self, session_id: str, entry: KVEntry) -> bool:
-        assert self._spill is not None
-        try:
-            self._spill.save(session_id, entry.ids, kv.to_tensors(entry.cache))
-        except OSError as exc:
-            log.warning("Could not spill a session's KV to %s (%s); its next turn recomputes it", self._spill.directory, exc)
-            self._stats.failed_spills += 1
-            return False
-        self._stats.spills += 1
-        return True
+    def _write_out(self, session_ids: list[str]) -> None:
+        """Write evicted sessions' files (lock not held), then let their memory go."""
+        for session_id in session_ids:
+            assert self._spill is not None  # only a spill dir gives files to write
+            with self._lock:
+                entry = self._spilling[session_id]
+            try:
+                self._spill.save(session_id, entry.ids, kv.to_tensors(entry.cache))
+                written = True
+            except OSError as exc:
+                log.warning("Could not spill a session's KV to %s (%s); its next turn recomputes it", self._spill.directory, exc)
+                written = False
+            with self._lock:
+                del self._spilling[session_id]
+                if written:
+                    self._stats.spills += 1
+                else:
+                    self._stats.failed_spills += 1
+                    self._heat.pop(session_id, None)  # nothing left to be hot about
+                self._memory_freed.notify_all()
 
     def _restore(self, session_id: str) -> KVEntry | None:
         assert self._spill is not None
@@ -359,7 +399,8 @@ class TokenTier:
             self._prefixes[key] = entry
             while len(self._prefixes) > self.config.max_prefixes:
                 self._prefixes.popitem(last=False)
-            self._evict_to_fit(keep=None)
+            evicted = self._evict_to_fit(keep=None)
+        self._write_out(evicted)
         return entry
 
     def _count(self, checkout: Checkout) -> Checkout:

@@ -28,7 +28,7 @@ def test_bundled_replies_equal_full_recompute_and_restore_exactly(make_engine, b
     uncached = make_engine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     for turn, text in enumerate(TURNS):
         if turn == 2:
-            cached.token_tier._evict("s")  # the last turn comes back from disk
+            cached.token_tier.unload("s")  # the last turn comes back from disk
         got = cached.chat("s", text, max_new_tokens=24)
         want = uncached.chat("s", text, max_new_tokens=24)
         assert got.token_ids == want.token_ids

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -85,7 +86,7 @@ def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(make_
         spill = tmp_path / damage.__name__
         engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=spill))
         assert engine.chat("s", TURNS[0], max_new_tokens=12).token_ids == want[0]
-        engine.token_tier._evict("s")
+        engine.token_tier.unload("s")
         path = engine.token_tier._spill.path("s")
         assert path.is_file()
         damage(path)
@@ -103,7 +104,7 @@ def test_spill_file_of_other_weights_is_refused(make_engine, tiny_model, build_t
     writer = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
     reader = make_engine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv"))
     writer.chat("s", TURNS[0], max_new_tokens=12)
-    writer.token_tier._evict("s")
+    writer.token_tier.unload("s")
     # Put the first model's KV exactly where the second model looks for this session.
     writer.token_tier._spill.path("s").replace(reader.token_tier._spill.path("s"))
     reference = make_engine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
@@ -120,7 +121,7 @@ def test_int8_spill_is_smaller_and_serves_the_next_turn(make_engine, tiny_model,
     )
     for engine in (full, small):
         engine.chat("s", TURNS[0], max_new_tokens=40)
-        engine.token_tier._evict("s")
+        engine.token_tier.unload("s")
     fp_size = full.token_tier._spill.path("s").stat().st_size
     q_size = small.token_tier._spill.path("s").stat().st_size
     assert q_size < 0.4 * fp_size
@@ -141,7 +142,7 @@ def test_ending_a_session_releases_memory_and_disk(make_engine, tiny_model, tmp_
     engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
     engine.chat("a", TURNS[0], max_new_tokens=8)
     engine.chat("b", TURNS[0], max_new_tokens=8)
-    engine.token_tier._evict("b")
+    engine.token_tier.unload("b")
     before = engine.kv_stats().resident_bytes
     engine.end_session("a")
     engine.end_session("b")
@@ -166,3 +167,51 @@ def test_eviction_keeps_a_frequently_used_session_over_a_recent_one(make_engine,
     in_memory = set(engine.token_tier._sessions)
     assert "busy" in in_memory and "once" not in in_memory
     assert engine.kv_stats().resident_bytes <= budget
+
+
+def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """While one session's file is written, other threads read the tier at once (admission's checks
+    among them), the written KV still counts and is still known, and that session's next checkout
+    waits for the file and restores from it."""
+    engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
+    engine.chat("a", TURNS[0], max_new_tokens=12)
+    engine.chat("b", TURNS[0], max_new_tokens=12)
+    tier = engine.token_tier
+    resident = tier.resident_bytes()
+    ids = [*tier._sessions["a"].ids, 42, 43]  # the next turn's prompt extends what the session holds
+    prefix = engine._system_ids
+    reusable = tier.reusable("a", ids, prefix)
+    writing, release = threading.Event(), threading.Event()
+    save = tier._spill.save
+
+    def slow_save(*args, **kwargs):  # type: ignore[no-untyped-def]
+        writing.set()
+        assert release.wait(30)
+        return save(*args, **kwargs)
+
+    tier._spill.save = slow_save
+    unloading = threading.Thread(target=tier.unload, args=("a",))
+    unloading.start()
+    assert writing.wait(30)
+    readers = [
+        threading.Thread(target=lambda: results.append(("room", tier.room_for_another()))),
+        threading.Thread(target=lambda: results.append(("reusable", tier.reusable("a", ids, prefix)))),
+        threading.Thread(target=lambda: results.append(("resident", tier.resident_bytes()))),
+        threading.Thread(target=lambda: results.append(("b", tier.checkout("b", ids, prefix, len(ids) + 12).tier))),
+    ]
+    results: list[tuple[str, object]] = []
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(10)
+    assert dict(results) == {"room": True, "reusable": reusable, "resident": resident, "b": "session"}, "none waited for the write"
+    tier.release("b")
+    checkouts: list[str] = []
+    own = threading.Thread(target=lambda: checkouts.append(tier.checkout("a", ids, prefix, len(ids) + 12).tier))
+    own.start()
+    own.join(0.5)
+    assert own.is_alive() and not checkouts, "its own checkout waits for its file"
+    release.set()
+    own.join(30)
+    unloading.join(30)
+    assert checkouts == ["disk"] and tier.stats().spills == 1

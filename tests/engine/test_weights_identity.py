@@ -67,7 +67,7 @@ def spill_then_reopen(make_engine, writer: ChatModel, reader: ChatModel, tmp_pat
     shared = {"store": f"sqlite:///{tmp_path}/shared.db", "token_tier": TokenTierConfig(spill_dir=tmp_path / "kv")}
     first = make_engine(writer, system_prompt=SYSTEM, answer_cache=True, embedder=_embed, **shared)
     first.chat("s", "Hello there", max_new_tokens=8)
-    first.token_tier._evict("s")
+    first.token_tier.unload("s")
     assert first.answer_cache.store(QUESTION, CACHED_ANSWER, first.answers.base, entropy_bits=0.0, latency_ms=1.0)
     first.close()
     return make_engine(reader, system_prompt=SYSTEM, answer_cache=True, embedder=_embed, **shared)
