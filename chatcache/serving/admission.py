@@ -22,10 +22,15 @@ the turn until a running one ends (a wait nothing here predicts), the request is
 a retry time.
 Answer-cache hits and the flow's own questions never reach this point: they cost no model time.
 
-`saturated` answers the same question before any work, for a request that prefills at least
-its new message (everything before it may be in the session's KV): the server refuses at once
-(well under 50 ms) a turn that surely needs the model and surely cannot start in time, and
-lets through the turns the answer cache may serve.
+The door (`Ticket.hold`) answers the same question before any work, for a request that
+prefills at least its new message (everything before it may be in the session's KV): the
+server refuses at once (well under 50 ms) a turn that surely needs the model and surely cannot
+start in time, and lets through the turns the answer cache may serve. A request let through
+keeps its place in the queue from then on, counted at those fewest tokens until the engine's
+`admit` knows its prefill: the turn's work before the model (its session's lease, the
+embedder, the prompt) takes hundreds of milliseconds under load, and without the place every
+request of a burst saw the same short queue at the door and was refused only by the engine,
+after that work.
 """
 
 from __future__ import annotations
@@ -57,6 +62,12 @@ class Ticket:
     model_s: float = 0.0  # the part the scheduler's rates predict, without the learned overhead
     waiting: bool = False
     admitted_at: float = 0.0
+    held: bool = False  # a place kept at the door, its prefill not known yet
+
+    def hold(self, least_prefill_tokens: int = 0) -> Overloaded | None:
+        """At the door: why a request prefilling at least `least_prefill_tokens` would surely be
+        refused now; if it would not, it keeps its place in the queue until `admit` or the end."""
+        return self.control._hold(self, least_prefill_tokens)
 
     def admit(self, prefill_tokens: int, fits_in_memory: bool = True, restore_s: float = 0.0) -> None:
         self.control._admit(self, prefill_tokens, fits_in_memory, restore_s)
@@ -87,7 +98,7 @@ class AdmissionControl:
     scheduler: Scheduler
     slo_s: float | None
     max_queue: int
-    memory_room: Callable[[], bool] = lambda: True  # would a turn like the running ones get its KV now
+    memory_room: Callable[[int], bool] = lambda turns: True  # would this many more turns like the running ones get their KV now
     overhead_s: float = 0.0
     _waiting: dict[Ticket, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -113,13 +124,16 @@ class AdmissionControl:
         step_s = rates.decode_step(rows) if running or ahead else 0.0
         return (sum(ahead) + prefill_tokens) * per_token + steps * step_s
 
-    def saturated(self, least_prefill_tokens: int = 0) -> Overloaded | None:
-        """Why a request prefilling at least `least_prefill_tokens` would be refused now, if it surely would."""
-        with self._lock:
+    def _hold(self, ticket: Ticket, least_prefill_tokens: int) -> Overloaded | None:
+        with self._lock:  # decided and queued together, as in `_admit`
             refusal = self._refusal(self.predict(least_prefill_tokens, list(self._waiting.values())))
-        if refusal is None and self.slo_s is not None and not self.memory_room():
-            refusal = Overloaded("memory", 1.0, "The running turns hold all the KV memory.")
-        return refusal
+            held_at_door = sum(t.held for t in self._waiting)  # let in, their KV not reserved yet
+            if refusal is None and self.slo_s is not None and not self.memory_room(held_at_door + 1):
+                refusal = Overloaded("memory", 1.0, "The running turns hold all the KV memory.")
+            if refusal is None:
+                ticket.held, ticket.waiting, ticket.admitted_at = True, True, time.monotonic()
+                self._waiting[ticket] = least_prefill_tokens
+            return refusal
 
     def _refusal(self, model_s: float) -> Overloaded | None:
         """The refusal for a request whose model part is predicted at `model_s` seconds, given the queue (lock held)."""
@@ -137,13 +151,15 @@ class AdmissionControl:
             return Overloaded(
                 "slo", max(1.0, predicted - self.slo_s), f"The first token is predicted in {predicted:.1f} s, over the {self.slo_s:g} s target."
             )
-        oldest = min((t.admitted_at for t in self._waiting), default=None)
+        oldest = min((t.admitted_at for t in self._waiting if not t.held), default=None)  # a held one may wait for its session
         if oldest is not None and (late := time.monotonic() - oldest) > self.slo_s:
             return Overloaded("slo", max(1.0, late - self.slo_s), f"A request admitted {late:.1f} s ago still waits for its first token.")
         return None
 
     def _admit(self, ticket: Ticket, prefill_tokens: int, fits_in_memory: bool, restore_s: float) -> None:
         with self._lock:  # decided and queued together: a burst cannot all see the same empty queue
+            self._waiting.pop(ticket, None)  # its place at the door, judged again on its known prefill
+            ticket.held = ticket.waiting = False
             model_s = restore_s + self.predict(prefill_tokens, list(self._waiting.values()))
             predicted = model_s + self.overhead_s
             refusal = self._refusal(model_s)
@@ -153,13 +169,14 @@ class AdmissionControl:
             if refusal is not None:
                 raise refusal
             ticket.predicted_s, ticket.model_s, ticket.waiting = predicted, model_s, True
-            ticket.admitted_at = time.monotonic()
+            if not ticket.admitted_at:
+                ticket.admitted_at = time.monotonic()
             self._waiting[ticket] = prefill_tokens
 
     def _leave(self, ticket: Ticket) -> None:
         with self._lock:
             self._waiting.pop(ticket, None)
-            ticket.waiting = False
+            ticket.waiting = ticket.held = False
 
     def _learn(self, overhead_s: float) -> None:
         with self._lock:

@@ -40,15 +40,15 @@ async def answer_turn(
     While even a turn prefilling only its new message (`least_prefill` tokens) would be refused,
     a turn that surely needs the model is refused at once, before the engine does any work (its
     429 in a few milliseconds); one the answer cache may serve goes on, and admission decides
-    once its prefill is known.
+    once its prefill is known. A turn let in at the door keeps its place in the queue meanwhile.
     """
     arrived = time.perf_counter()
-    refusal = s.admission.saturated(least_prefill)
+    ticket = s.admission.ticket()
+    refusal = ticket.hold(least_prefill)
     if refusal is not None and not await asyncio.to_thread(may_skip_model):
         release()
         s.metrics.rejections.labels(refusal.reason).inc()
         raise api_error(refusal)
-    ticket = s.admission.ticket()
     try:
         stream = AsyncReplyStream(start(ticket))
         try:

@@ -213,10 +213,10 @@ class TokenTier:
             self._in_use[session_id] = reserve
             return True
 
-    def room_for_another(self) -> bool:
-        """Whether one more turn the size of those running now would start at once (admission's cheap check)."""
+    def room_for(self, turns: int) -> bool:
+        """Whether `turns` more turns the size of those running now would start at once (admission's cheap check)."""
         with self._lock:
-            return not self._in_use or self._has_room(sum(self._in_use.values()) // len(self._in_use))
+            return not self._in_use or self._has_room(turns * sum(self._in_use.values()) // len(self._in_use))
 
     def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
         """Give a session's cache back after its turn; `ids` are exactly the positions it holds.

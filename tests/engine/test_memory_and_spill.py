@@ -194,7 +194,7 @@ def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_m
     unloading.start()
     assert writing.wait(30)
     readers = [
-        threading.Thread(target=lambda: results.append(("room", tier.room_for_another()))),
+        threading.Thread(target=lambda: results.append(("room", tier.room_for(1)))),
         threading.Thread(target=lambda: results.append(("reusable", tier.reusable("a", ids, prefix)))),
         threading.Thread(target=lambda: results.append(("resident", tier.resident_bytes()))),
         threading.Thread(target=lambda: results.append(("b", tier.checkout("b", ids, prefix, len(ids) + 12).tier))),

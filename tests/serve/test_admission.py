@@ -231,18 +231,40 @@ def test_with_an_slo_a_turn_that_would_wait_for_kv_memory_is_refused(scheduler) 
     assert without.waiting == 1
 
 
-def test_saturation_counts_the_fewest_tokens_the_request_prefills(scheduler) -> None:  # type: ignore[no-untyped-def]
+def test_at_the_door_a_request_is_judged_on_the_fewest_tokens_it_prefills(scheduler) -> None:  # type: ignore[no-untyped-def]
     control = AdmissionControl(scheduler, slo_s=1.0, max_queue=8)
-    assert control.saturated() is None and control.saturated(least_prefill_tokens=900) is None
-    refusal = control.saturated(least_prefill_tokens=2000)  # 2 s of prefill at 1 ms a token
-    assert refusal is not None and refusal.reason == "slo"
+    refusal = control.ticket().hold(least_prefill_tokens=2000)  # 2 s of prefill at 1 ms a token
+    assert refusal is not None and refusal.reason == "slo" and control.waiting == 0
+    assert control.ticket().hold(least_prefill_tokens=900) is None and control.waiting == 1
 
 
-def test_while_the_running_turns_hold_the_kv_memory_saturation_says_so(scheduler) -> None:  # type: ignore[no-untyped-def]
-    room = [True]
-    control = AdmissionControl(scheduler, slo_s=5.0, max_queue=8, memory_room=lambda: room[0])
-    assert control.saturated() is None
-    room[0] = False
-    refusal = control.saturated()
+def test_a_request_let_in_at_the_door_keeps_its_place_until_the_engine_knows_its_prefill(scheduler) -> None:  # type: ignore[no-untyped-def]
+    """A burst: each request let in counts for the next, so the last of the burst is refused at
+    the door, not by the engine after its work before the model."""
+    control = AdmissionControl(scheduler, slo_s=1.0, max_queue=8)
+    first, second, third = control.ticket(), control.ticket(), control.ticket()
+    assert first.hold(400) is None and second.hold(400) is None and control.waiting == 2
+    refusal = third.hold(400)  # 1.2 s of prefill with the two ahead
+    assert refusal is not None and refusal.reason == "slo" and control.waiting == 2 and not third.waiting
+    first.admit(200)  # its prefill known: judged again, its place now counted at 200 tokens
+    assert first.predicted_s == pytest.approx(0.6 + 2 * 0.01) and control.waiting == 2
+    assert third.hold(100) is None and control.waiting == 3  # 700 tokens and three chunks: 0.73 s
+    assert second.started(actual_ttft_s=0.05) is None  # served without the model: no prediction to learn from
+    assert control.waiting == 2 and control.overhead_s == 0.0
+    with pytest.raises(Overloaded) as late:
+        third.admit(900)  # 200 ahead + 900: over the SLO once its prefill is known
+    assert late.value.reason == "slo" and control.waiting == 1 and not third.waiting
+
+
+def test_while_the_running_turns_hold_the_kv_memory_the_door_says_so(scheduler) -> None:  # type: ignore[no-untyped-def]
+    room_for = [2]  # turns like the running ones that would get their KV now
+    control = AdmissionControl(scheduler, slo_s=5.0, max_queue=8, memory_room=lambda turns: turns <= room_for[0])
+    first, second = control.ticket(), control.ticket()
+    assert first.hold() is None and second.hold() is None
+    refusal = control.ticket().hold()  # the two let in at the door will need their KV too
     assert refusal is not None and refusal.reason == "memory"
-    assert AdmissionControl(scheduler, slo_s=None, max_queue=8, memory_room=lambda: False).saturated() is None
+    first.admit(10)  # the engine reserved its KV: it no longer counts as one to find room for
+    assert control.ticket().hold() is None
+    room_for[0] = 0
+    assert control.ticket().hold() is not None
+    assert AdmissionControl(scheduler, slo_s=None, max_queue=8, memory_room=lambda turns: False).ticket().hold() is None
