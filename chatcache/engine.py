@@ -69,6 +69,15 @@ running turn to end) and the seconds a restore of the session's KV from disk wou
 before the turn records anything; it raises to refuse the turn (the server's 429)."""
 
 
+@dataclass(frozen=True)
+class LeastCost:
+    """The least one turn will cost the model, known before any of its work (`least_cost`)."""
+
+    prefill_tokens: int  # its message's own: everything before it may be in the KV
+    kv_tokens: int  # held while it runs: the KV the conversation has (at least its system prompt), the message and the reply
+    restore_s: float  # restoring the conversation's KV from disk, if that is where it is
+
+
 def conversation_key(messages: Sequence[Message]) -> str:
     """Token-tier key of a conversation the caller keeps: its system message (if any) and first user message."""
     head: list[Message] = []
@@ -481,11 +490,17 @@ class ChatEngine:
         finally:
             conversation.lock.release()
 
-    def least_prefill(self, text: str) -> int:
-        """The fewest prompt tokens a turn on `text` leaves to the model: its message's own, since
-        everything before it may be in the session's KV. Cheap (the tokenizer alone), so admission
-        control can refuse a turn that surely cannot start in time before the engine runs it."""
-        return len(self.renderer.encode_text(text))
+    def least_cost(self, text: str, kv_key: str, max_new_tokens: int) -> LeastCost:
+        """The least a turn on `text` will cost the model, for the conversation whose KV the token
+        tier keeps under `kv_key` (a session id, or a given conversation's key). Cheap (the
+        tokenizer and the tier's bookkeeping), so admission control can refuse a turn that surely
+        cannot start in time, or surely finds no KV memory, before the engine runs it."""
+        new = len(self.renderer.encode_text(text))
+        tier = self.token_tier
+        if tier is None:  # a remote model: its server keeps the KV
+            return LeastCost(new, 0, 0.0)
+        held = max(tier.held_tokens(kv_key), len(self._system_ids))  # a conversation starts with the system prompt
+        return LeastCost(new, held + new + max_new_tokens, tier.restore_estimate(kv_key))
 
     def _given_conversation(self, messages: Sequence[Message], kv_key: str | None = None) -> tuple[Conversation, Message]:
         """The caller's conversation before its last (user) message, keyed `kv_key` (default: by

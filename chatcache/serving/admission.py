@@ -23,8 +23,9 @@ a retry time.
 Answer-cache hits and the flow's own questions never reach this point: they cost no model time.
 
 The door (`Ticket.hold`) answers the same question before any work, for a request that
-prefills at least its new message (everything before it may be in the session's KV): the
-server refuses at once (well under 50 ms) a turn that surely needs the model and surely cannot
+prefills at least its new message (everything before it may be in the session's KV), restores
+the session's KV if it is on disk, and holds at least that KV, its message and its reply in
+memory while it runs (`ChatEngine.least_cost`): the server refuses at once (well under 50 ms) a turn that surely needs the model and surely cannot
 start in time, and lets through the turns the answer cache may serve. A request let through
 keeps its place in the queue from then on, counted at those fewest tokens until the engine's
 `admit` knows its prefill: the turn's work before the model (its session's lease, the
@@ -63,11 +64,14 @@ class Ticket:
     waiting: bool = False
     admitted_at: float = 0.0
     held: bool = False  # a place kept at the door, its prefill not known yet
+    kv_tokens: int = 0  # while held: the fewest KV tokens its turn will hold in memory
 
-    def hold(self, least_prefill_tokens: int = 0) -> Overloaded | None:
-        """At the door: why a request prefilling at least `least_prefill_tokens` would surely be
-        refused now; if it would not, it keeps its place in the queue until `admit` or the end."""
-        return self.control._hold(self, least_prefill_tokens)
+    def hold(self, least_prefill_tokens: int = 0, kv_tokens: int = 0, restore_s: float = 0.0) -> Overloaded | None:
+        """At the door: why a request prefilling at least `least_prefill_tokens`, holding at
+        least `kv_tokens` of KV and restoring its session's KV from disk in `restore_s` would
+        surely be refused now; if it would not, it keeps its place in the queue until `admit`
+        or the end."""
+        return self.control._hold(self, least_prefill_tokens, kv_tokens, restore_s)
 
     def admit(self, prefill_tokens: int, fits_in_memory: bool = True, restore_s: float = 0.0) -> None:
         self.control._admit(self, prefill_tokens, fits_in_memory, restore_s)
@@ -98,7 +102,7 @@ class AdmissionControl:
     scheduler: Scheduler
     slo_s: float | None
     max_queue: int
-    memory_room: Callable[[int], bool] = lambda turns: True  # would this many more turns like the running ones get their KV now
+    memory_room: Callable[[int], bool] = lambda kv_tokens: True  # would turns holding this much KV more get their memory now
     overhead_s: float = 0.0
     _waiting: dict[Ticket, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -124,14 +128,14 @@ class AdmissionControl:
         step_s = rates.decode_step(rows) if running or ahead else 0.0
         return (sum(ahead) + prefill_tokens) * per_token + steps * step_s
 
-    def _hold(self, ticket: Ticket, least_prefill_tokens: int) -> Overloaded | None:
+    def _hold(self, ticket: Ticket, least_prefill_tokens: int, kv_tokens: int, restore_s: float) -> Overloaded | None:
         with self._lock:  # decided and queued together, as in `_admit`
-            refusal = self._refusal(self.predict(least_prefill_tokens, list(self._waiting.values())))
-            held_at_door = sum(t.held for t in self._waiting)  # let in, their KV not reserved yet
-            if refusal is None and self.slo_s is not None and not self.memory_room(held_at_door + 1):
+            refusal = self._refusal(restore_s + self.predict(least_prefill_tokens, list(self._waiting.values())))
+            held_at_door = sum(t.kv_tokens for t in self._waiting if t.held)  # let in, their KV not reserved yet
+            if refusal is None and self.slo_s is not None and not self.memory_room(held_at_door + kv_tokens):
                 refusal = Overloaded("memory", 1.0, "The running turns hold all the KV memory.")
             if refusal is None:
-                ticket.held, ticket.waiting, ticket.admitted_at = True, True, time.monotonic()
+                ticket.held, ticket.waiting, ticket.admitted_at, ticket.kv_tokens = True, True, time.monotonic(), kv_tokens
                 self._waiting[ticket] = least_prefill_tokens
             return refusal
 

@@ -143,7 +143,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
                     body.messages[0].message().content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"]
                 )
 
-            least = engine.least_prefill(body.messages[0].message().content)
+            least = engine.least_cost(body.messages[0].message().content, stored, options["max_new_tokens"])
             return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), x_session_id)
         messages = [m.message() for m in body.messages]
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
@@ -158,7 +158,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
                 max_new_tokens=options["max_new_tokens"], **tool_options,
             )  # fmt: skip
 
-        least = engine.least_prefill(messages[-1].content)
+        least = engine.least_cost(messages[-1].content, key, options["max_new_tokens"])
         calls_in = engine.call_syntax if body.may_call else None
         return await answer_turn(s, start_given, given_may_skip, least, body, lambda: None, None, calls_in)
 
@@ -217,7 +217,8 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         def cache_may_serve() -> bool:
             return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"])
 
-        return await answer_turn(s, start, cache_may_serve, engine.least_prefill(body.content), body, s.hold_session(stored), session_id)
+        least = engine.least_cost(body.content, stored, options["max_new_tokens"])
+        return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), session_id)
 
     @app.post("/v1/sessions/{session_id}/agent", status_code=201)
     async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:

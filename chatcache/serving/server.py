@@ -103,7 +103,7 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
         )  # fmt: skip
 
     tenants = TenantEngines(engine_of, store, token_tier)
-    admission = AdmissionControl(model.scheduler, settings.ttft_slo, settings.max_queue, token_tier.room_for)
+    admission = AdmissionControl(model.scheduler, settings.ttft_slo, settings.max_queue, token_tier.fits)
     metrics = ServerMetrics(model.scheduler, token_tier, tenants.engines, lambda: admission.waiting)
     bucket = TokenBucket(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None
     return Server(settings, keys, model, served_model_id(model.name), tenants, admission, metrics, bucket, owns_model)

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..engine import LeastCost
 from ..model.tools import CallSyntax
 from ..reply import AsyncReplyStream, Reply, ReplyStream
 from . import schemas
@@ -25,7 +26,7 @@ async def answer_turn(
     s: Server,
     start: Callable[[Ticket], ReplyStream],
     may_skip_model: Callable[[], bool],
-    least_prefill: int,
+    least: LeastCost,
     body: schemas.Generation,
     release: Callable[[], None],
     session_id: str | None,
@@ -37,14 +38,14 @@ async def answer_turn(
     its end and sent as its calls (streamed as one `tool_calls` delta per call); any other
     streams as text.
 
-    While even a turn prefilling only its new message (`least_prefill` tokens) would be refused,
-    a turn that surely needs the model is refused at once, before the engine does any work (its
-    429 in a few milliseconds); one the answer cache may serve goes on, and admission decides
-    once its prefill is known. A turn let in at the door keeps its place in the queue meanwhile.
+    While even a turn costing the model only the `least` it can (its new message's prefill, its
+    conversation's KV) would be refused, a turn that surely needs the model is refused at once,
+    before the engine does any work (its 429 in a few milliseconds); one the answer cache may
+    serve goes on, and admission decides once its prefill is known. A turn let in at the door keeps its place in the queue meanwhile.
     """
     arrived = time.perf_counter()
     ticket = s.admission.ticket()
-    refusal = ticket.hold(least_prefill)
+    refusal = ticket.hold(least.prefill_tokens, least.kv_tokens, least.restore_s)
     if refusal is not None and not await asyncio.to_thread(may_skip_model):
         release()
         s.metrics.rejections.labels(refusal.reason).inc()

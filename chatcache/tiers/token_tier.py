@@ -174,13 +174,21 @@ class TokenTier:
         """
         if not self.config.enabled:
             return 0
+        best = max(common_prefix_length(self._held_ids(session_id), prompt), common_prefix_length(prefix, prompt))
+        return max(0, min(best, len(prompt) - 1))
+
+    def held_tokens(self, session_id: str) -> int:
+        """How many positions of KV the session has now, in memory or on disk (0: none, or in a turn)."""
+        return len(self._held_ids(session_id))
+
+    def _held_ids(self, session_id: str) -> list[int]:
+        """The ids of the session's KV in memory, being written, or on disk (read without its tensors)."""
         with self._lock:
             entry = self._sessions.get(session_id) or self._spilling.get(session_id)
-            ids = entry.ids if entry is not None else None
-        if ids is None and self._spill is not None:
-            ids = self._spill.spilled_ids(session_id)
-        best = max(common_prefix_length(ids or [], prompt), common_prefix_length(prefix, prompt))
-        return max(0, min(best, len(prompt) - 1))
+            if entry is not None:
+                return entry.ids
+        spilled = self._spill.spilled_ids(session_id) if self._spill is not None else None
+        return spilled or []
 
     def restore_estimate(self, session_id: str) -> float:
         """Seconds a checkout would spend restoring the session's KV from disk, at the rate
@@ -212,11 +220,6 @@ class TokenTier:
                 return False
             self._in_use[session_id] = reserve
             return True
-
-    def room_for(self, turns: int) -> bool:
-        """Whether `turns` more turns the size of those running now would start at once (admission's cheap check)."""
-        with self._lock:
-            return not self._in_use or self._has_room(turns * sum(self._in_use.values()) // len(self._in_use))
 
     def checkin(self, session_id: str, ids: list[int], cache: DynamicCache, latency_ms: float = 0.0) -> None:
         """Give a session's cache back after its turn; `ids` are exactly the positions it holds.

@@ -194,7 +194,7 @@ def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_m
     unloading.start()
     assert writing.wait(30)
     readers = [
-        threading.Thread(target=lambda: results.append(("room", tier.room_for(1)))),
+        threading.Thread(target=lambda: results.append(("room", tier.fits(1)))),
         threading.Thread(target=lambda: results.append(("reusable", tier.reusable("a", ids, prefix)))),
         threading.Thread(target=lambda: results.append(("resident", tier.resident_bytes()))),
         threading.Thread(target=lambda: results.append(("b", tier.checkout("b", ids, prefix, len(ids) + 12).tier))),
@@ -215,3 +215,23 @@ def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_m
     own.join(30)
     unloading.join(30)
     assert checkouts == ["disk"] and tier.stats().spills == 1
+
+
+def test_the_least_a_turn_costs_is_what_its_session_holds_and_where(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Admission's door: the message's tokens to prefill, the KV the session holds (at least the
+    system prompt) plus message and reply in memory, and a restore when the KV is on disk."""
+    engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
+    tier, message = engine.token_tier, "What about Paris?"
+    new = len(engine.renderer.encode_text(message))
+    fresh = engine.least_cost(message, "new", max_new_tokens=20)
+    assert (fresh.prefill_tokens, fresh.kv_tokens, fresh.restore_s) == (new, len(engine._system_ids) + new + 20, 0.0)
+    engine.chat("s", TURNS[0], max_new_tokens=12)
+    held = tier.held_tokens("s")
+    assert held > len(engine._system_ids)
+    assert engine.least_cost(message, "s", max_new_tokens=20).kv_tokens == held + new + 20
+    tier.unload("s")
+    engine.chat("s", TURNS[1], max_new_tokens=12)  # a restore is measured: spilled KV gets a price
+    held = tier.held_tokens("s")
+    tier.unload("s")
+    on_disk = engine.least_cost(message, "s", max_new_tokens=20)
+    assert tier.held_tokens("s") == held and on_disk.kv_tokens == held + new + 20 and on_disk.restore_s > 0

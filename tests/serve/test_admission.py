@@ -256,15 +256,15 @@ def test_a_request_let_in_at_the_door_keeps_its_place_until_the_engine_knows_its
     assert late.value.reason == "slo" and control.waiting == 1 and not third.waiting
 
 
-def test_while_the_running_turns_hold_the_kv_memory_the_door_says_so(scheduler) -> None:  # type: ignore[no-untyped-def]
-    room_for = [2]  # turns like the running ones that would get their KV now
-    control = AdmissionControl(scheduler, slo_s=5.0, max_queue=8, memory_room=lambda turns: turns <= room_for[0])
+def test_at_the_door_the_kv_of_the_turns_let_in_and_a_restore_count(scheduler) -> None:  # type: ignore[no-untyped-def]
+    room = [2000]  # KV tokens that would get their memory now
+    control = AdmissionControl(scheduler, slo_s=1.0, max_queue=8, memory_room=lambda tokens: tokens <= room[0])
     first, second = control.ticket(), control.ticket()
-    assert first.hold() is None and second.hold() is None
-    refusal = control.ticket().hold()  # the two let in at the door will need their KV too
+    assert first.hold(10, kv_tokens=1000) is None and second.hold(10, kv_tokens=900) is None
+    refusal = control.ticket().hold(10, kv_tokens=200)  # 1,900 tokens let in at the door, and its own 200
     assert refusal is not None and refusal.reason == "memory"
-    first.admit(10)  # the engine reserved its KV: it no longer counts as one to find room for
-    assert control.ticket().hold() is None
-    room_for[0] = 0
-    assert control.ticket().hold() is not None
-    assert AdmissionControl(scheduler, slo_s=None, max_queue=8, memory_room=lambda turns: False).ticket().hold() is None
+    first.admit(10)  # the engine reserved its KV in the token tier: the door no longer counts it
+    assert control.ticket().hold(10, kv_tokens=200) is None
+    slow = control.ticket().hold(10, restore_s=1.5)  # its session's KV comes back from disk first
+    assert slow is not None and slow.reason == "slo"
+    assert AdmissionControl(scheduler, slo_s=None, max_queue=8, memory_room=lambda tokens: False).ticket().hold() is None

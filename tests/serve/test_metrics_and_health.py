@@ -91,7 +91,7 @@ def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve, monkeyp
     monkeypatch.setattr(scheduler, "submit", watched)
     warm_up(server)
     assert started_from == [len(engine.runner.system_ids)] * (1 + sum(WARM_UP_BATCHES))
-    assert tier.stats().resident_bytes == prefix_bytes and tier.room_for(1)
+    assert tier.stats().resident_bytes == prefix_bytes  # nothing held for a turn either: reservations count
 
 
 def test_without_an_slo_the_warm_up_decodes_no_batches(serve, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
