@@ -739,7 +739,7 @@ class ChatEngine:
         turn.user_seq = conversation.last_seq + 1  # the seq its message gets: the lease keeps others out
         if self.coordinator is not None and not turn.given:  # the dialogue state lives in a session
             turn.context = self.coordinator.before_reply(conversation, turn.text, turn.id)
-        turn.stats.drift, turn.stats.promoted = turn.context.drift, turn.context.promoted
+        turn.stats.drift, turn.stats.drift_undone, turn.stats.promoted = turn.context.drift, turn.context.reset_undone, turn.context.promoted
         if self.answers is not None:
             reply_format = turn.params.reply_format
             turn.scope = self.answers.scope(

@@ -34,6 +34,8 @@ class TurnStats:
         finish_reason: "eos", "length", "stop" (a stop sequence), "cancelled", "flow", "cache" or "action".
         answer_cache_hit: whether the answer came from the answer cache without the model.
         drift: whether this turn was detected as a topic change.
+        drift_undone: whether this turn went back to the topic the last drift dropped, which
+            came back into the prompt.
         promoted: whether this turn's confirmed intent and slots became session facts.
     """
 
@@ -51,6 +53,7 @@ class TurnStats:
     finish_reason: str = "eos"
     answer_cache_hit: bool = False
     drift: bool = False
+    drift_undone: bool = False
     promoted: bool = False
 
     def as_dict(self) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class ServerMetrics:
         self.requests = Counter("chatcache:request_success", "Finished turns by how they finished.", ["finish_reason"], registry=r)
         self.served_by = Counter("chatcache:turns_served", "Finished turns by the tier that answered.", ["tier"], registry=r)
         self.drift = Counter("chatcache:drift_events", "Turns detected as a topic change.", registry=r)
+        self.drift_undone = Counter("chatcache:drift_resets_undone", "Turns that went back to the topic the last drift dropped.", registry=r)
         self.promotions = Counter("chatcache:promotions", "Turns whose confirmed intent became session facts.", registry=r)
         self.rejections = Counter("chatcache:rejections", "Requests refused, by reason.", ["reason"], registry=r)
         self.prediction_error = Histogram(
@@ -60,6 +61,7 @@ class ServerMetrics:
         self.requests.labels(stats.finish_reason).inc()
         self.served_by.labels(stats.tier).inc()
         self.drift.inc(stats.drift)
+        self.drift_undone.inc(stats.drift_undone)
         self.promotions.inc(stats.promoted)
         if prediction_error_s is not None:
             self.prediction_error.observe(prediction_error_s)

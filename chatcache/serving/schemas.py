@@ -281,6 +281,7 @@ def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None)
         "finish_reason": stats.finish_reason,
         "answer_cache_hit": stats.answer_cache_hit,
         "drift": stats.drift,
+        "drift_undone": stats.drift_undone,
         "intent": reply.intent,
         "dialogue_state": reply.dialogue_state,
         "handed_off": reply.handed_off,

@@ -6,7 +6,9 @@ Before the model runs, `ContextCoordinator.before_reply`:
   3. on a topic change (drift: judged against the assistant's last turn and whether the
      flow just completed a task), drops the session's turn-tier entries and moves the prompt
      window to start at this turn: older turns stay in the session tier, confirmed facts stay
-     in the prompt, and the token tier then reuses only the stable prefix;
+     in the prompt, and the token tier then reuses only the stable prefix. The reset is soft
+     for one informative turn: if that turn goes back to the dropped topic, the dropped turns
+     come back into the prompt (a false drift costs a turn, not the conversation);
   4. keeps the turn's intent candidates and unconfirmed slots in the turn tier;
   5. promotes a confirmed intent (user confirmation, or confidence above the threshold) and
      its slots to session facts, which the system message shows from this turn on.
@@ -32,7 +34,7 @@ from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, 
 from dialog.state_machine import DialogueStateMachine
 
 from ..tiers.conversations import Conversation, Conversations
-from .drift import DriftConfig, DriftDetector
+from .drift import DriftConfig, DriftDetector, is_low_information
 from ..tiers.turn_tier import TurnTier
 
 Embed = Callable[[list[str]], np.ndarray]
@@ -50,11 +52,16 @@ class TurnContext:
     confirmed: bool = False
     drift: bool = False
     drift_reasons: tuple[str, ...] = ()
+    reset_undone: bool = False  # the turn went back to the topic the last turn's drift dropped
     bot_reply: str | None = None
     action: str | None = None
     promoted: bool = False
     awaiting_agent: bool = False  # handed off to a person: the bot does not answer
 
+
+RETURN_MARGIN = 0.1
+"""How much closer to a dropped user turn than to the turns since a drift reset the next
+informative turn must be to undo the reset (measured on SGD dev: bench/README.md, Drift)."""
 
 KEPT_EMBEDDINGS = 20_000
 """Texts whose embedding is kept per embedder (about 30 MB at MiniLM's 384 dimensions)."""
@@ -179,6 +186,13 @@ class ContextCoordinator:
         context: TurnContext,
     ) -> None:
         """Ask the detector about this turn; on a drift, drop the old topic from the turn tier and the prompt."""
+        if conversation.reset_from is not None and not is_low_information(text, detector.config.open_task.min_content_words):
+            if self._returns_to_dropped(conversation, embedding):
+                context.reset_undone = True
+                conversation.context_start = conversation.reset_from
+                conversation.segments.ids.clear()
+                detector.reset(conversation.id)  # resumed below from the turns back in the window
+            conversation.reset_from = None  # judged: the reset stands, or is undone
         if not detector.knows(conversation.id):  # a new process: the topic is in the stored turns
             stored = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
             detector.resume(conversation.id, stored, self.embed, _domain_hint(before.get("intent")))
@@ -194,8 +208,26 @@ class ContextCoordinator:
         if result.drift and conversation.turns:
             context.drift, context.drift_reasons = True, tuple(result.reasons)
             self.turn_tier.invalidate(conversation.id)
-            conversation.context_start = len(conversation.turns)  # the turn's commit stores it
+            conversation.reset_from = conversation.context_start  # the next informative turn may undo it
+            conversation.context_start = len(conversation.turns)  # the turn's commit stores both
             conversation.segments.ids.clear()
+
+    def _returns_to_dropped(self, conversation: Conversation, embedding: np.ndarray) -> bool:
+        """Whether the first informative turn after a drift reset is about the topic it dropped
+        ("And on Sunday?" after "Send 200 dollars" cut "What are your hours on Saturday?"):
+        closer to one of the dropped user turns than to every turn since, by `RETURN_MARGIN`.
+
+        A false reset then costs one turn of a shorter prompt and the dropped turns' prefill,
+        not the conversation: they come back into the prompt. Embeddings of past turns are
+        remembered (`sentence_embed`), so this costs no model time on most turns.
+        """
+        assert conversation.reset_from is not None
+        dropped = [m.content for m in conversation.turns[conversation.reset_from : conversation.context_start] if m.role == "user"]
+        since = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
+        if not dropped or not since:
+            return False
+        vectors = self.embed(dropped + since) @ embedding
+        return float(vectors[: len(dropped)].max()) > float(vectors[len(dropped) :].max()) + RETURN_MARGIN
 
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
         assert self.manager is not None

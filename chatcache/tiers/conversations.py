@@ -35,6 +35,7 @@ from ..errors import InvalidMessageError
 from ..model.prompt import Message, RenderedSegments
 
 CONTEXT_START = "context_start"  # state key: conversation messages before the prompt window
+RESET_FROM = "reset_from"  # state key: the window's start before a drift reset the next turn may undo
 DIALOGUE = "dialogue"  # state key: the dialogue state machine's dict
 
 
@@ -57,8 +58,9 @@ class Conversation:
     """One session's conversation as the engine uses it during a turn.
 
     Its session state is typed here and nowhere else: `dialogue` (the dialogue state
-    machine's dict) and `context_start` (messages before the prompt window); `stored_state`
-    is what the session tier keeps of them. `learned` holds the facts this turn confirmed,
+    machine's dict), `context_start` (messages before the prompt window) and `reset_from` (the
+    start before a drift reset, until the next informative turn confirms or undoes it);
+    `stored_state` is what the session tier keeps of them. `learned` holds the facts this turn confirmed,
     shown in `system` already and stored by the turn's commit.
     """
 
@@ -66,6 +68,7 @@ class Conversation:
     system: Message | None
     turns: list[Message] = field(default_factory=list)
     context_start: int = 0
+    reset_from: int | None = None
     dialogue: dict[str, Any] | None = None
     segments: RenderedSegments = field(default_factory=RenderedSegments)
     facts: list[Fact] = field(default_factory=list)
@@ -87,7 +90,7 @@ class Conversation:
         return bool(self.dialogue and self.dialogue.get("flow_active"))
 
     def stored_state(self) -> dict[str, Any]:
-        return {DIALOGUE: self.dialogue, "flow_active": self.flow_active, CONTEXT_START: self.context_start}
+        return {DIALOGUE: self.dialogue, "flow_active": self.flow_active, CONTEXT_START: self.context_start, RESET_FROM: self.reset_from}
 
 
 def _window_start(session_id: str, stored: object, turns: int) -> int:
@@ -188,11 +191,14 @@ class Conversations:
                     turns += [question, Message("assistant", record.content, self._generated_ids(record))]
         last_seq = records[-1].seq if records else 0
         dialogue = state.get(DIALOGUE)
+        context_start = _window_start(session_id, state.get(CONTEXT_START, 0), len(turns))
+        reset_from = state.get(RESET_FROM)
         conversation = Conversation(
             session_id,
             system=None,
             turns=turns,
-            context_start=_window_start(session_id, state.get(CONTEXT_START, 0), len(turns)),
+            context_start=context_start,
+            reset_from=reset_from if type(reset_from) is int and 0 <= reset_from < context_start and reset_from % 2 == 0 else None,
             dialogue=dict(dialogue) if isinstance(dialogue, dict) else None,
             facts=facts,
             version=version,

@@ -142,6 +142,35 @@ def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> No
     assert "on Saturday" not in engine.renderer.tokenizer.decode(engine.token_tier._sessions["s"].ids)
 
 
+def test_a_turn_back_on_the_dropped_topic_undoes_the_drift_reset(bank) -> None:  # type: ignore[no-untyped-def]
+    """A false drift costs a turn, not the conversation: the next informative turn that goes back
+    to the dropped topic brings the dropped turns back into the prompt, and the session tier
+    keeps that across a restart of the process."""
+    engine = bank(drift=True)
+    engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
+    assert engine.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6).stats.drift
+    assert engine.store.get_session("s").state["reset_from"] == 0
+    engine.close()
+    restarted = bank(drift=True)
+    assert restarted.chat("s", "ok", max_new_tokens=6).stats.drift_undone is False  # says nothing about the topic: still pending
+    back = restarted.chat("s", "And what are your opening hours on Sunday?", max_new_tokens=6)
+    assert back.stats.drift_undone and not back.stats.drift
+    state = restarted.store.get_session("s").state
+    assert (state["context_start"], state["reset_from"]) == (0, None)
+    assert any("on Saturday" in m.content for m in restarted.conversations.open("s", create=False).window())
+
+
+def test_a_turn_on_the_new_topic_makes_the_drift_reset_final(bank) -> None:  # type: ignore[no-untyped-def]
+    engine = bank(drift=True)
+    engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
+    assert engine.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6).stats.drift
+    follow = engine.chat("s", "Send the money from my checking account", max_new_tokens=6)
+    assert not follow.stats.drift_undone and not follow.stats.drift
+    state = engine.store.get_session("s").state
+    assert (state["context_start"], state["reset_from"]) == (2, None)
+    assert not any("on Saturday" in m.content for m in engine.conversations.open("s", create=False).window())
+
+
 def test_drift_is_judged_against_the_assistant_turn_and_the_finished_flow(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     engine = bank(drift=True)
     detector = engine.coordinator.drift

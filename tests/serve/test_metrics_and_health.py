@@ -53,7 +53,8 @@ def test_metrics_count_what_the_turns_did(serve) -> None:  # type: ignore[no-unt
     assert after["chatcache:num_requests_running"] == 0 and after["chatcache:num_requests_waiting"] == 0
     assert 0 < after["chatcache:kv_cache_usage_perc"] < 1
     for name in ("chatcache:kv_spills_total", "chatcache:kv_restores_total", "chatcache:answer_cache_lookups_total",
-                 "chatcache:answer_cache_hits_total", "chatcache:drift_events_total", "chatcache:promotions_total"):  # fmt: skip
+                 "chatcache:answer_cache_hits_total", "chatcache:drift_events_total", "chatcache:drift_resets_undone_total",
+                 "chatcache:promotions_total"):  # fmt: skip
         assert name in after, name
 
 
