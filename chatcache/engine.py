@@ -34,7 +34,7 @@ from dialog import (
     State,
     load_bot,
 )
-from storage import ChatSession, SessionStore, UnknownSessionError
+from storage import ChatSession, SessionStore
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, CacheHit, Scope, bot_fingerprint
 from .answer_cache.answering import AnswerScope, CachedAnswers
@@ -451,15 +451,18 @@ class ChatEngine:
         False only when it surely needs the model. Takes the turn's own settings: an answer is
         kept per reply format and per bound tools.
 
-        Cheap and without the embedder, so a saturated server can refuse the others at once: an
-        exact repeat of a cached question passes, a paraphrase does not (telling it from a miss
-        takes the embedder's time on the model's cores). With a bot every turn may pass: any
-        message may start a flow, and only the intent classifier can tell.
+        Cheap, without the embedder and without I/O, so a saturated server can refuse the others
+        at once: an exact repeat of a cached question passes, a paraphrase does not (telling it
+        from a miss takes the embedder's time on the model's cores). With a bot every turn may
+        pass: any message may start a flow, and only the intent classifier can tell. A session
+        this process does not hold in memory may pass too: reading it would take the database.
         """
         if self.bot is not None:
             return True
         if self.answers is None or temperature > 0:
             return False
+        if (messages is None or messages[-1].role == "user") and not self.answers.cache.knows(text):
+            return False  # no scope holds the text: no exact hit, whatever the context
         formats = [reply_format.key if reply_format else ""]
         if messages is not None:
             try:
@@ -479,10 +482,9 @@ class ChatEngine:
                 return True  # the turn itself says what is wrong with it
             return self.answers.holds_exact(given, question.content, bot_fingerprint(told or None), formats)
         assert session_id is not None
-        try:
-            conversation = self.conversations.open(session_id, create=False)
-        except UnknownSessionError:
-            conversation = Conversation(session_id, Message("system", self.system_prompt) if self.system_prompt else None)
+        conversation = self.conversations.loaded(session_id)
+        if conversation is None:
+            return True  # the engine reads it, and decides
         if not conversation.lock.acquire(blocking=False):
             return True  # a turn runs on it: this one waits behind it anyway
         try:

@@ -205,6 +205,14 @@ class AnswerCache:
         with self._lock:
             return self._live_exact(scope.key(), normalize(question)) is not None
 
+    def knows(self, question: str) -> bool:
+        """Whether any scope holds this exact (normalised) question, live or expired: without it a
+        turn surely has no exact hit. In memory only (no sync with other replicas), so admission
+        control's door can ask it of every request while the model is saturated."""
+        normalized = normalize(question)
+        with self._lock:
+            return any(normalized in questions for questions in self._exact.values())
+
     def _live_exact(self, key: str, normalized: str) -> int | None:
         """The live entry stored for exactly this normalised question in the scope, if any."""
         entry_id = self._exact.get(key, {}).get(normalized)

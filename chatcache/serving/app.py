@@ -207,7 +207,8 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         tenant = s.authenticate(authorization)
         stored = _stored(tenant, session_id)
         engine = s.tenants(tenant)
-        await asyncio.to_thread(_guarded, lambda: s.tenants.store.get_session(stored))  # 404 before anything runs
+        if engine.conversations.loaded(stored) is None:  # one in memory exists: no database read on the way to the door
+            await asyncio.to_thread(_guarded, lambda: s.tenants.store.get_session(stored))  # 404 before anything runs
 
         options = body.options(s.settings.max_tokens)
 

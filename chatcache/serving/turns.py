@@ -46,7 +46,7 @@ async def answer_turn(
     arrived = time.perf_counter()
     ticket = s.admission.ticket()
     refusal = ticket.hold(least.prefill_tokens, least.kv_tokens, least.restore_s)
-    if refusal is not None and not await asyncio.to_thread(may_skip_model):
+    if refusal is not None and not may_skip_model():  # cheap and without I/O: no thread to wait for
         release()
         s.metrics.rejections.labels(refusal.reason).inc()
         raise api_error(refusal)

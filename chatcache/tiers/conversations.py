@@ -157,6 +157,11 @@ class Conversations:
         self._loaded: dict[str, Conversation] = {}
         self._lock = threading.Lock()
 
+    def loaded(self, session_id: str) -> Conversation | None:
+        """The session's conversation if this process holds it in memory; never reads the database."""
+        with self._lock:
+            return self._loaded.get(session_id)
+
     def open(self, session_id: str, create: bool) -> Conversation:
         """The conversation of `session_id`, from memory or rebuilt from the database.
 

@@ -39,6 +39,15 @@ def test_exact_and_semantic_hits_within_a_scope(toy_embed) -> None:  # type: ign
     assert answers.lookup("how do I reset my password", BOT) is None
 
 
+def test_knows_tells_a_question_no_scope_holds_from_one_some_scope_does(toy_embed) -> None:  # type: ignore[no-untyped-def]
+    """Admission's door: a text no scope holds surely has no exact hit; one held anywhere may."""
+    answers = cache(toy_embed)
+    assert not answers.knows("What are your opening hours?")
+    answers.store("What are your opening hours?", "9 to 5", Scope("model@1", "bot-b"), entropy_bits=1.0, latency_ms=300)
+    assert answers.knows("  what are your OPENING hours ") and not answers.knows("what are your opening hours today")
+    assert answers.lookup("What are your opening hours?", BOT) is None  # known, yet not in this scope
+
+
 def test_an_entry_never_crosses_a_scope(toy_embed) -> None:  # type: ignore[no-untyped-def]
     answers = cache(toy_embed)
     answers.store("How old is he?", "He is 52.", Scope("m", "b", context="ctx:obama"), 1.0, 100)
