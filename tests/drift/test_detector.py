@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatcache.steering.drift import DriftConfig, DriftDetector, SeedRule, StageThresholds, closes_task, is_low_information
+from chatcache.steering.drift import (
+    DriftConfig,
+    DriftDetector,
+    SeedRule,
+    StageThresholds,
+    asks_for_more,
+    closes_task,
+    follows_up_done_task,
+    is_low_information,
+)
 from chatcache.errors import ConfigError
 
 
@@ -132,6 +141,12 @@ def test_the_caller_can_say_the_task_is_closed() -> None:
         "Your alarm has been set.",
         "The transfer was successful and will complete in 3 days.",
         "You're welcome.",
+        "Your appointment went through.",
+        "You're all set with the rental car.",
+        "Your cab is on it's way.",
+        "How else may I help you today?",
+        "Could I further assist you?",
+        "What more can I do for you?",
     ],
 )
 def test_closes_task_recognises_completions_and_requests_for_more(text: str) -> None:
@@ -145,10 +160,56 @@ def test_closes_task_recognises_completions_and_requests_for_more(text: str) -> 
         "Please confirm: a table for 2 is booked at 7 pm?",
         "Do you prefer music, sports or something else?",
         "Which city are you staying in?",
+        "I found 1 film you might enjoy: Hackers.",
     ],
 )
 def test_closes_task_leaves_offers_and_questions_open(text: str) -> None:
     assert not closes_task(text)
+
+
+def test_asks_for_more_tells_an_invitation_from_a_report() -> None:
+    assert asks_for_more("Your room is booked. Anything else?")
+    assert asks_for_more("How else may I help you?")
+    assert not asks_for_more("Your room is booked.")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("Thanks! Can you get me a rental car there?", "thanks_done_task"),
+        ("I appreciate it. Now find me a restaurant.", "thanks_done_task"),
+        ("What's their address?", "asks_about_result"),
+        ("How long will the ride take?", "asks_about_result"),
+        ("Can you also find me a rental car?", None),
+        ("I need a rental car in Fresno.", None),
+    ],
+)
+def test_follows_up_done_task(text: str, reason: str | None) -> None:
+    assert follows_up_done_task(text) == reason
+
+
+def test_thanks_for_a_reported_task_keeps_its_history_until_the_assistant_asks_for_more() -> None:
+    text = "Thanks! Can you get me a rental car there?"
+    reported = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(reported)
+    result = reported.observe("s", CAR, text, assistant_text="Your room is booked.")
+    assert not result.drift
+    assert "closed_task" in result.reasons and "thanks_done_task" in result.reasons
+    # "Anything else?" means the user's previous turn closed the task: the request is new.
+    invited = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(invited)
+    assert invited.observe("s", CAR, text, assistant_text="Your room is booked. Anything else?").drift
+
+
+def test_a_question_about_a_reported_task_keeps_its_history() -> None:
+    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(detector)
+    result = detector.observe("s", CAR, "How much is the parking fee?", assistant_text="Your room is booked.")
+    assert not result.drift and "asks_about_result" in result.reasons
+    # A question that asks for something new is a new request.
+    fresh = DriftDetector(DriftConfig(), PROTOTYPES)
+    start_hotel_topic(fresh)
+    assert fresh.observe("s", CAR, "Can you find me a rental car?", assistant_text="Your room is booked.").drift
 
 
 def test_assistant_turn_counts_as_context() -> None:
