@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..steering.drift import DriftConfig, DriftDetector, SeedRule
+from ..steering.drift import DriftConfig, DriftDetector, SeedRule, is_low_information, returns_to_dropped
 
 TOLERANCE = 2
 Embed = Callable[[list[str]], np.ndarray]
@@ -46,14 +46,20 @@ def label_switches(services: Sequence[set[str]]) -> list[int]:
 
 def match_detections(switches: Sequence[int], detections: Sequence[int]) -> list[int]:
     """Delays of the switches caught within `TOLERANCE` turns; each switch counts once."""
-    delays = []
+    return [detection - switch for switch, detection in matched_pairs(switches, detections)]
+
+
+def matched_pairs(switches: Sequence[int], detections: Sequence[int]) -> list[tuple[int, int]]:
+    """(switch, detection) for each switch caught: by the first detection within `TOLERANCE`
+    turns that no earlier switch took."""
+    pairs = []
     used: set[int] = set()
     for s in switches:
         hit = next((d for d in detections if s <= d <= s + TOLERANCE and d not in used), None)
         if hit is not None:
             used.add(hit)
-            delays.append(hit - s)
-    return delays
+            pairs.append((s, hit))
+    return pairs
 
 
 def schema_prototypes(schema_path: str | Path, embed: Embed) -> dict[str, np.ndarray]:
@@ -91,7 +97,10 @@ def evaluate_drift(
         part: "all", or "even"/"odd" dialogues to keep tuning and reporting apart.
 
     Returns:
-        precision, recall, f1, mean_delay, switches, detections, and the same under "seed_rule".
+        precision, recall, f1, mean_delay, switches, detections, and the same under "seed_rule";
+        "resets_undone": of the true and of the false detections, how many the next informative
+        user turn would undo as the engine does (`returns_to_dropped`: it goes back to the
+        dropped topic). The detector's own figures count every detection, undone or not.
     """
     embed = embed or _bundled_embed
     dialogues = load_dialogues(data_path, part)
@@ -99,7 +108,9 @@ def evaluate_drift(
     vectors = iter(_unit(embed(texts)) if texts else [])
     prototypes = schema_prototypes(schema_path, embed) if schema_path else None
     detector = DriftDetector(config, prototypes)
+    margin, min_words = detector.config.return_margin, detector.config.open_task.min_content_words
     seed = SeedRule(config)
+    undone = {"true": 0, "false": 0, "true_detections": 0, "false_detections": 0}
     switches_seen = 0
     detections = {"combined": 0, "seed_rule": 0}
     delays: dict[str, list[int]] = {"combined": [], "seed_rule": []}
@@ -109,6 +120,8 @@ def evaluate_drift(
         found: list[int] = []
         seed_found: list[int] = []
         assistant, assistant_text = None, None
+        user_vectors: list[np.ndarray] = []
+        topic_start, pending, reverted = 0, None, set()  # pending: (the reset's turn, where its dropped topic began)
         for turn in dialogue["turns"]:
             vector = next(vectors)
             if turn["speaker"] != "USER":
@@ -116,12 +129,24 @@ def evaluate_drift(
                 continue
             i = len(services)
             services.append({frame["service"] for frame in turn["frames"]})
+            if pending is not None and not is_low_information(turn["utterance"], min_words):
+                reset, dropped_from = pending
+                if returns_to_dropped(vector, np.stack(user_vectors[dropped_from:reset]), np.stack(user_vectors[reset:i]), margin):
+                    reverted.add(reset)
+                pending = None
+            user_vectors.append(vector)
             if detector.observe(sid, vector, turn["utterance"], assistant, assistant_text).drift:
                 found.append(i)
+                pending, topic_start = (i, topic_start), i
             if seed.observe(sid, vector).drift:
                 seed_found.append(i)
         switches = label_switches(services)
         switches_seen += len(switches)
+        true_hits = {detection for _, detection in matched_pairs(switches, found)}
+        for detection in found:
+            kind = "true" if detection in true_hits else "false"
+            undone[f"{kind}_detections"] += 1
+            undone[kind] += detection in reverted
         for key, hits in (("combined", found), ("seed_rule", seed_found)):
             detections[key] += len(hits)
             delays[key].extend(match_detections(switches, hits))
@@ -129,6 +154,7 @@ def evaluate_drift(
         seed.reset(sid)
     result = _metrics(switches_seen, detections["combined"], delays["combined"])
     result["seed_rule"] = _metrics(switches_seen, detections["seed_rule"], delays["seed_rule"])
+    result["resets_undone"] = undone
     return result
 
 

@@ -126,6 +126,8 @@ class DriftConfig:
             or asked whether there is anything else).
         min_domain_similarity: the other prototype must be at least this similar to the turn.
         topic_window: how many informative user turns form the topic centroid.
+        return_margin: the first informative turn after a drift undoes it when it is closer
+            to a dropped user turn than to every turn since by this much (`returns_to_dropped`).
         seed_ratio: seed rule, r_t = 1 - cos(v_t, v_{t-1}) must exceed this ...
         seed_cos: ... and cos must be below this, on `seed_consecutive` turns in a row.
         seed_consecutive: consecutive far turns the seed rule needs.
@@ -138,6 +140,7 @@ class DriftConfig:
     closed_task: StageThresholds = StageThresholds(min_content_words=1, novelty=0.3, domain_margin=0.15)
     min_domain_similarity: float = 0.3
     topic_window: int = 4
+    return_margin: float = 0.2
     seed_ratio: float = 0.12
     seed_cos: float = 0.85
     seed_consecutive: int = 2
@@ -148,7 +151,7 @@ class DriftConfig:
         for name in ("open_task", "closed_task"):
             if not isinstance(getattr(self, name), StageThresholds):
                 raise ConfigError(f"DriftConfig.{name} must be a StageThresholds, got {getattr(self, name)!r}")
-        for name in ("seed_ratio", "seed_window_drop"):
+        for name in ("seed_ratio", "seed_window_drop", "return_margin"):
             value = getattr(self, name)
             if not 0.0 <= value <= 2.0:
                 raise ConfigError(f"DriftConfig.{name} must be in [0, 2], got {value}")
@@ -206,6 +209,17 @@ def follows_up_done_task(text: str) -> str | None:
     if text.rstrip().endswith("?") and not _REQUESTS.search(text):
         return "asks_about_result"
     return None
+
+
+def returns_to_dropped(turn: np.ndarray, dropped: np.ndarray, since: np.ndarray, margin: float) -> bool:
+    """Whether the first informative user turn after a drift reset is about the topic it dropped
+    ("And on Sunday?" after "Send 200 dollars" cut "What are your hours on Saturday?"): closer to
+    one of the dropped user turns than to every user turn since the reset, by `margin` (rows of
+    unit vectors). A false reset then costs one turn of a shorter prompt, not the conversation.
+    """
+    if len(dropped) == 0 or len(since) == 0:
+        return False
+    return float((dropped @ turn).max()) > float((since @ turn).max()) + margin
 
 
 @dataclass

@@ -34,7 +34,7 @@ from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, 
 from dialog.state_machine import DialogueStateMachine
 
 from ..tiers.conversations import Conversation, Conversations
-from .drift import DriftConfig, DriftDetector, is_low_information
+from .drift import DriftConfig, DriftDetector, is_low_information, returns_to_dropped
 from ..tiers.turn_tier import TurnTier
 
 Embed = Callable[[list[str]], np.ndarray]
@@ -58,10 +58,6 @@ class TurnContext:
     promoted: bool = False
     awaiting_agent: bool = False  # handed off to a person: the bot does not answer
 
-
-RETURN_MARGIN = 0.1
-"""How much closer to a dropped user turn than to the turns since a drift reset the next
-informative turn must be to undo the reset (measured on SGD dev: bench/README.md, Drift)."""
 
 KEPT_EMBEDDINGS = 20_000
 """Texts whose embedding is kept per embedder (about 30 MB at MiniLM's 384 dimensions)."""
@@ -187,7 +183,7 @@ class ContextCoordinator:
     ) -> None:
         """Ask the detector about this turn; on a drift, drop the old topic from the turn tier and the prompt."""
         if conversation.reset_from is not None and not is_low_information(text, detector.config.open_task.min_content_words):
-            if self._returns_to_dropped(conversation, embedding):
+            if self._returns_to_dropped(conversation, embedding, detector.config.return_margin):
                 context.reset_undone = True
                 conversation.context_start = conversation.reset_from
                 conversation.segments.ids.clear()
@@ -212,22 +208,16 @@ class ContextCoordinator:
             conversation.context_start = len(conversation.turns)  # the turn's commit stores both
             conversation.segments.ids.clear()
 
-    def _returns_to_dropped(self, conversation: Conversation, embedding: np.ndarray) -> bool:
-        """Whether the first informative turn after a drift reset is about the topic it dropped
-        ("And on Sunday?" after "Send 200 dollars" cut "What are your hours on Saturday?"):
-        closer to one of the dropped user turns than to every turn since, by `RETURN_MARGIN`.
-
-        A false reset then costs one turn of a shorter prompt and the dropped turns' prefill,
-        not the conversation: they come back into the prompt. Embeddings of past turns are
-        remembered (`sentence_embed`), so this costs no model time on most turns.
-        """
+    def _returns_to_dropped(self, conversation: Conversation, embedding: np.ndarray, margin: float) -> bool:
+        """`returns_to_dropped` on the session's user turns the last reset dropped and those since.
+        Embeddings of past turns are remembered (`sentence_embed`): this costs no model time."""
         assert conversation.reset_from is not None
         dropped = [m.content for m in conversation.turns[conversation.reset_from : conversation.context_start] if m.role == "user"]
         since = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
         if not dropped or not since:
             return False
-        vectors = self.embed(dropped + since) @ embedding
-        return float(vectors[: len(dropped)].max()) > float(vectors[len(dropped) :].max()) + RETURN_MARGIN
+        vectors = self.embed(dropped + since)
+        return returns_to_dropped(embedding, vectors[: len(dropped)], vectors[len(dropped) :], margin)
 
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
         assert self.manager is not None

@@ -14,6 +14,7 @@ from chatcache.steering.drift import (
     closes_task,
     follows_up_done_task,
     is_low_information,
+    returns_to_dropped,
 )
 from chatcache.errors import ConfigError
 
@@ -304,3 +305,13 @@ def test_resume_rebuilds_the_topic_from_stored_turns() -> None:
     fresh = DriftDetector(DriftConfig(), PROTOTYPES)
     fresh.resume("s", [], embed)  # a session with no stored turns starts its topic with the next one
     assert fresh.observe("s", CAR, "I need a rental car in Fresno").reasons == ["first_turn"]
+
+
+def test_the_turn_after_a_reset_undoes_it_only_when_closer_to_the_dropped_topic_by_the_margin() -> None:
+    hours, transfer = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+    dropped, since = np.stack([hours]), np.stack([transfer])
+    back = np.array([0.9, 0.436])  # cos 0.9 to the dropped turn, 0.44 to the turn since
+    assert returns_to_dropped(back, dropped, since, margin=0.1)
+    assert not returns_to_dropped(back, dropped, since, margin=0.5)
+    assert not returns_to_dropped(np.array([0.6, 0.8]), dropped, since, margin=0.1)  # nearer the new topic
+    assert not returns_to_dropped(back, dropped[:0], since, margin=0.1)  # nothing was dropped

@@ -78,6 +78,7 @@ def test_evaluate_drift_end_to_end(tmp_path: Path) -> None:
     assert result["precision"] == 1.0 and result["recall"] == 1.0 and result["f1"] == 1.0
     assert result["mean_delay"] == 1.0
     assert result["seed_rule"]["switches"] == 1
+    assert result["resets_undone"] == {"true": 0, "false": 0, "true_detections": 1, "false_detections": 0}  # the next turn stays on cars
     without_schema = evaluate_drift(data, embed=fake_embed)
     assert without_schema["detections"] == 0  # no domain evidence, no drift
 
@@ -88,3 +89,13 @@ def test_main_prints_one_json_object(tmp_path: Path, capsys, monkeypatch) -> Non
     assert main(["--data", str(data), "--schema", str(schema), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["switches"] == 1 and "seed_rule" in printed
+
+
+def test_a_reset_the_next_turn_goes_back_on_is_counted_undone(tmp_path: Path) -> None:
+    data, schema = write_data(tmp_path)
+    dialogue = json.loads(data.read_text())
+    dialogue["turns"][-1] = user("Oh, and the hotel needs a late checkout", "Hotels_1")  # back to the dropped topic
+    data.write_text(json.dumps(dialogue) + "\n")
+    result = evaluate_drift(data, schema, embed=fake_embed)
+    # The car reset is undone; the detector alone also takes the hotel turn for a switch (labelled one).
+    assert result["resets_undone"] == {"true": 1, "false": 0, "true_detections": 2, "false_detections": 0}
