@@ -25,13 +25,13 @@ Answer-cache hits and the flow's own questions never reach this point: they cost
 The door (`Ticket.hold`) answers the same question before any work, for a request that
 prefills at least its new message (everything before it may be in the session's KV), restores
 the session's KV if it is on disk, and holds at least that KV, its message and its reply in
-memory while it runs (`ChatEngine.least_cost`): the server refuses at once (well under 50 ms) a turn that surely needs the model and surely cannot
-start in time, and lets through the turns the answer cache may serve. A request let through
-keeps its place in the queue from then on, counted at those fewest tokens until the engine's
-`admit` knows its prefill: the turn's work before the model (its session's lease, the
-embedder, the prompt) takes hundreds of milliseconds under load, and without the place every
-request of a burst saw the same short queue at the door and was refused only by the engine,
-after that work.
+memory while it runs (`ChatEngine.least_cost`): the server refuses at once (well under 50 ms)
+a turn that surely needs the model and surely cannot start in time, and lets through the turns
+the answer cache may serve. A request let through keeps its place in the queue from then on,
+counted at those fewest tokens until the engine's `admit` knows its prefill: the turn's work
+before the model (its session's lease, the embedder, the prompt) takes hundreds of
+milliseconds under load, and without the place every request of a burst saw the same short
+queue at the door and was refused only by the engine, after that work.
 """
 
 from __future__ import annotations
