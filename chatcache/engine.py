@@ -455,7 +455,9 @@ class ChatEngine:
         at once: an exact repeat of a cached question passes, a paraphrase does not (telling it
         from a miss takes the embedder's time on the model's cores). With a bot every turn may
         pass: any message may start a flow, and only the intent classifier can tell. A session
-        this process does not hold in memory may pass too: reading it would take the database.
+        this process does not hold in memory does not pass: reading it would take the database.
+        The answer is the turn's own scopes' alone, so a refusal never tells a user whether
+        another user or tenant asked the same text.
         """
         if self.bot is not None:
             return True
@@ -484,7 +486,7 @@ class ChatEngine:
         assert session_id is not None
         conversation = self.conversations.loaded(session_id)
         if conversation is None:
-            return True  # the engine reads it, and decides
+            return False  # reading its scope would take the database; and "some scope holds it" must not leak
         if not conversation.lock.acquire(blocking=False):
             return True  # a turn runs on it: this one waits behind it anyway
         try:

@@ -9,6 +9,7 @@ import pytest
 
 from chatcache.model.scheduler import Scheduler, StepRates
 from chatcache.serving.admission import AdmissionControl, Overloaded
+from chatcache.answer_cache import Scope
 from chatcache.steering.hcac import TurnContext
 
 
@@ -191,6 +192,30 @@ def test_while_saturated_a_turn_that_needs_the_model_is_refused_before_the_engin
         assert started == ["stream"]  # refused before the engine ran
         paraphrase = http.post("/v1/sessions/s/messages", json={"content": "When do you open?"})
         assert paraphrase.status_code == 429  # telling a paraphrase from a miss would take the embedder's time
+
+
+def test_while_saturated_the_door_tells_no_user_what_another_asked(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A question cached in another user's scope is refused like one nobody asked, at the door
+    (not later, after the engine's work), whether the asking session is in memory or not."""
+    live = serve(max_queue=2, answer_cache=True, drift=False)
+    engine = live.app.state.server.tenants("default")
+    started: list[str] = []
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda *a, **k: started.append("stream") or stream(*a, **k))
+    asked = "Is my card blocked?"
+    with live.client() as http:
+        http.post("/v1/sessions", json={"id": "b"})
+        engine.answer_cache.store(asked, "Yes, since Monday.", Scope("other-user", "bot"), entropy_bits=0.1, latency_ms=100, embedding=None)
+        assert engine.answer_cache.knows(asked)
+        fill_queue(live)
+        for in_memory in (False, True):
+            if in_memory:
+                engine.conversations.open("default/b", create=False)
+            else:
+                engine.conversations.forget("default/b")
+            replies = [http.post("/v1/sessions/b/messages", json={"content": text}) for text in (asked, "Something nobody asked")]
+            assert [(r.status_code, r.json()["error"]["code"]) for r in replies] == [(429, "queue")] * 2, in_memory
+    assert started == []
 
 
 @pytest.mark.bundled
