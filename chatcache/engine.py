@@ -48,7 +48,7 @@ from .steering.tool_router import ROUTE_THRESHOLD, ToolRouter
 from .steering.tool_use import bind_tools, tool_of
 from .tiers.kv import kv_bytes_per_token
 from .model.runner import ModelRunner
-from .model.text_stream import word_pieces
+from .model.text_stream import token_pieces
 from .model.tools import HERMES, CallSyntax, ToolChoice, written
 from .model.loading import ChatModel, load_chat_model, load_embedder
 from .model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
@@ -778,7 +778,7 @@ class ChatEngine:
             self._record_user(conversation, turn)  # served even when the model is saturated: it costs no model time
             stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
             stats.ttft_s = time.perf_counter() - turn.started
-            yield from word_pieces(hit.answer)  # streamed as a generated answer would be, for UIs and callbacks
+            yield from token_pieces(self.renderer.tokenizer, hit.answer)  # streamed as a generated answer would be, for UIs and callbacks
             turn.reply = Message("assistant", hit.answer)
             self.answers.maybe_audit(hit, params, lambda: self._plan(conversation, turn))
         else:

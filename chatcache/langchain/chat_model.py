@@ -44,11 +44,12 @@ from langchain_core.runnables.config import ensure_config
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from transformers import PreTrainedTokenizerBase
 
 from ..engine import ChatEngine
 from ..model.reply_format import from_response_format
 from ..model.tools import CHOICE_NAMES, CallSyntax, parse_calls
-from ..model.text_stream import word_pieces
+from ..model.text_stream import token_pieces
 from ..steering.tool_router import ROUTE_THRESHOLD
 from ..reply import Reply, ReplyStream
 from .messages import to_chatcache
@@ -279,7 +280,7 @@ class CachedChatModel(BaseChatModel):
         llm_cache, prompt, llm_string = self._llm_cache(messages, stop, kwargs)
         cached = llm_cache.lookup(prompt, llm_string) if llm_cache is not None else None
         if cached:
-            yield from _replayed(cached[0], run_manager)
+            yield from _replayed(cached[0], run_manager, self.engine.renderer.tokenizer)
             return
         reply_stream, calls = self._start(messages, stop, kwargs)
         streamed: list[ChatGenerationChunk] = []
@@ -436,12 +437,14 @@ def _with_session(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict
     return {**kwargs, **extra}
 
 
-def _replayed(generation: Generation, run_manager: CallbackManagerForLLMRun | None) -> Iterator[ChatGenerationChunk]:
-    """A cached answer as a generated one streams: its text word by word through the callbacks,
+def _replayed(
+    generation: Generation, run_manager: CallbackManagerForLLMRun | None, tokenizer: PreTrainedTokenizerBase
+) -> Iterator[ChatGenerationChunk]:
+    """A cached answer as a generated one streams: its text token by token through the callbacks,
     its tool calls as tool-call chunks, then its metadata (which marks the hit)."""
     message = generation.message if isinstance(generation, ChatGeneration) else AIMessage(generation.text)
     text = message.content if isinstance(message.content, str) else generation.text
-    pieces = [] if getattr(message, "tool_calls", None) else word_pieces(text)
+    pieces = [] if getattr(message, "tool_calls", None) else token_pieces(tokenizer, text)
     for piece in pieces:
         chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
         if run_manager:

@@ -50,7 +50,16 @@ class TextStream:
         return piece
 
 
-def word_pieces(text: str) -> list[str]:
-    """A whole text as stream pieces (a cached answer replayed as if generated): each word with
-    the whitespace before it; they join back to `text`."""
-    return re.findall(r"\s*\S+|\s+$", text) or [text]
+def token_pieces(tokenizer: PreTrainedTokenizerBase, text: str) -> list[str]:
+    """A whole text as the model would have streamed it (a cached answer replayed as if
+    generated): a piece per token, cut at the tokens' character offsets, so the pieces join back
+    to `text` exactly (a character several tokens share stays whole). A tokenizer that gives no
+    offsets (a slow, Python one) replays word by word, each word with the whitespace before it."""
+    if not text:
+        return [text]
+    try:
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    except NotImplementedError:
+        return re.findall(r"\s*\S+|\s+$", text)
+    cuts = [0, *sorted({end for _, end in offsets if 0 < end < len(text)}), len(text)]
+    return [text[start:end] for start, end in zip(cuts, cuts[1:])]

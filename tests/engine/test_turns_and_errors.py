@@ -120,3 +120,15 @@ def test_failed_turn_leaves_the_session_unchanged(engine: ChatEngine, monkeypatc
     assert len(engine.history("s")) == 2
     assert engine.token_tier.resident_bytes() == engine.kv_stats().resident_bytes
     assert engine.chat("s", "Second", max_new_tokens=4).stats.generated_tokens == 4
+
+
+def test_a_replayed_answer_streams_a_piece_per_token_that_join_back_exactly(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    from chatcache.model.text_stream import token_pieces
+
+    tokenizer = tiny_model.tokenizer
+    for text in ("The capital of France is Paris.", "  Café — naïve 日本語 🙂 done\n", "x"):
+        pieces = token_pieces(tokenizer, text)
+        assert "".join(pieces) == text and all(pieces)
+    plain = "The capital of France is Paris."
+    assert len(token_pieces(tokenizer, plain)) == len(tokenizer.encode(plain, add_special_tokens=False))
+    assert token_pieces(tokenizer, "") == [""]

@@ -155,7 +155,7 @@ def test_many_conversations_keep_the_engines_memory_within_its_bound(tiny_model,
 
 
 def test_langchain_cache_hits_stream_like_generated_answers(lc_model, toy_embed, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """LangChain's own stream skips its LLM cache; ours serves a hit through it, word by word and
+    """LangChain's own stream skips its LLM cache; ours serves a hit through it, token by token and
     through the callbacks, marked in the metadata, and a streamed answer fills the cache."""
     model = lc_model(max_tokens=16, cache=SemanticCache(f"sqlite:///{tmp_path}/llm.db", embed=toy_embed))
     messages = [SystemMessage(SYSTEM), HumanMessage("Tell me a joke about cats.")]
