@@ -12,7 +12,13 @@ vector search and refuse the hit when the texts differ in what makes an answer d
     words that took each other's role (the preposition before them: "from X to Y", "from Y to X");
   * one short span replaced by another, a content word on at least one side (a different
     entity, or an opposite: "turn on" and "turn off", "log in" and "log out"), unless the two
-    are forms of one word ("delivery" and "deliveries").
+    are forms of one word ("delivery" and "deliveries");
+  * in a near-copy (most words the same, in the same order), a content word or a preposition
+    that moved ("After the death of Ali, Muawiyah came to power" and "After the death of
+    Muawiyah, Ali came ..."), or one or two content words replaced among other small edits.
+    The embedding cannot tell such texts apart: nearly all their words agree, so their
+    similarity is high whatever the edit did. A rewording that changes most of the wording is
+    left to the embedding and the checks above.
 It does not parse, so a reordering that keeps the meaning ("a refund for what I bought" and
 "I bought something I need a refund for") is refused too: a miss costs a model call, a false
 hit a wrong answer. What the checks cost in hits is measured by `chatcache eval pairs` and
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -32,6 +39,8 @@ _NEGATION = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor"
     "dont", "doesnt", "didnt", "cant", "wont", "isnt", "arent", "wasnt", "werent", "havent", "hasnt", "couldnt",
     "wouldnt", "shouldnt",
 }  # fmt: skip
+# Words, and the punctuation that ends a phrase (a preposition governs no word past a comma).
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[,;:.!?()\"]")
 _ROLE_WORDS = frozenset(
     """from to in on at by for with of than into onto over under between after before during about
     against through toward towards via per as""".split()
@@ -46,6 +55,12 @@ STOPWORDS = frozenset(
 SHARED_FOR_ORDER = 0.8  # share of the shorter text's content words both must have for the order check
 SHARED_FOR_NEGATION = 0.5  # the same share for the negation check
 STEM_CHARS = 5  # words agreeing on this many leading characters are forms of one word
+# Share of two texts' words that match in order (difflib's ratio) from which they are near-copies
+# (tuned on PAWS dev, where served paraphrases from GPTCache's mock data are mostly below 0.7 and
+# served PAWS hard negatives mostly above); a higher bar for the content-span check, which
+# costs more rewordings.
+NEAR_COPY = 0.75
+NEAR_COPY_FOR_SPAN = 0.85
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,7 @@ def verify(query: str, cached: str) -> Verdict:
         return Verdict(False, "negation differs")
     if shared >= SHARED_FOR_ORDER and _inverted(q_content, c_content):
         return Verdict(False, "same words, other roles")
-    swapped = _role_swap(q_words, c_words)
+    swapped = _role_swap(query, cached)
     if swapped:
         return Verdict(False, f"same words, other roles: {swapped[0]!r} and {swapped[1]!r} swapped")
     replaced = _replaced_spans(q_words, c_words)
@@ -85,6 +100,21 @@ def verify(query: str, cached: str) -> Verdict:
         replaced_word = before and after and (b_content or a_content)
         if replaced_word and len(before) <= 2 and len(after) <= 2 and not _same_stems(b_content, a_content):
             return Verdict(False, f"different entity: {' '.join(before)!r} vs {' '.join(after)!r}")
+    near = difflib.SequenceMatcher(a=q_words, b=c_words, autojunk=False).ratio()
+    if near >= NEAR_COPY:
+        moved = _moved(_skeleton(q_words), _skeleton(c_words))
+        if moved:
+            return Verdict(False, f"word moved: {moved!r}")
+    if near >= NEAR_COPY_FOR_SPAN:
+        # The content words alone: a date written another way or an article dropped beside the
+        # replaced word leaves the rule on all words with two spans.
+        matcher = difflib.SequenceMatcher(a=_stems_of(q_content), b=_stems_of(c_content), autojunk=False)
+        ops = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+        if len(ops) == 1:
+            before, after = q_content[ops[0][0] : ops[0][1]], c_content[ops[0][2] : ops[0][3]]
+            small = 0 < len(before) <= 2 and 0 < len(after) <= 2
+            if small and not _same_stems(sorted(before), sorted(after)):
+                return Verdict(False, f"different entity: {' '.join(before)!r} vs {' '.join(after)!r}")
     return Verdict(True)
 
 
@@ -129,27 +159,60 @@ def _inverted(a: list[str], b: list[str]) -> bool:
     return any(x > y for x, y in zip(order, order[1:]))
 
 
-def _roles(tokens: list[str]) -> dict[str, str]:
-    """Each content word's role: the nearest preposition before it, "" when there is none."""
-    roles: dict[str, str] = {}
+def _roles(text: str) -> Counter[tuple[str, str]]:
+    """How often each content word comes with each role: the preposition before it in its
+    phrase, "" when there is none (punctuation ends a phrase)."""
+    roles: Counter[tuple[str, str]] = Counter()
     role = ""
-    for t in tokens:
+    for t in _TOKEN.findall(text.lower().replace("n't", " not")):
         if t in _ROLE_WORDS:
             role = t
-        elif t not in STOPWORDS and not t.isdigit():
-            roles.setdefault(t, role)
+        elif not t[0].isalnum():
+            role = ""
+        elif t not in STOPWORDS and t not in _NEGATION and not t.isdigit():
+            roles[t, role] += 1
     return roles
 
 
-def _role_swap(a: list[str], b: list[str]) -> tuple[str, str] | None:
-    """Two shared words that traded roles ("from X to Y" and "from Y to X"), if any."""
+def _role_swap(a: str, b: str) -> tuple[str, str] | None:
+    """Two shared words that traded roles ("from X to Y" and "from Y to X"), if any. Every
+    occurrence counts, so a word that keeps its role once and trades it later is seen."""
     ra, rb = _roles(a), _roles(b)
-    changed = [(w, ra[w], rb[w]) for w in ra if w in rb and ra[w] != rb[w]]
-    for w1, was1, now1 in changed:
-        for w2, was2, now2 in changed:
-            if w1 != w2 and was1 and was2 and was1 == now2 and was2 == now1:
+    gained, lost = set(ra - rb), set(rb - ra)
+    for w1, now1 in gained:
+        for w2, now2 in gained:
+            if w1 != w2 and now1 and now2 and now1 != now2 and (w1, now2) in lost and (w2, now1) in lost:
                 return w1, w2
     return None
+
+
+def _skeleton(tokens: list[str]) -> list[str]:
+    """Content words (cut to their stems) and prepositions, in order: what a reordering moves.
+    A preposition before a number is left out: "in 1988" goes anywhere in a sentence."""
+    kept = []
+    for i, t in enumerate(tokens):
+        if t in _ROLE_WORDS:
+            if i + 1 == len(tokens) or not tokens[i + 1].isdigit():
+                kept.append(t)
+        elif t not in STOPWORDS and t not in _NEGATION and not t.isdigit():
+            kept.append(t[:STEM_CHARS])
+    return kept
+
+
+def _moved(a: list[str], b: list[str]) -> str | None:
+    """A word that left one place in `a` and turned up at another in `b`, if any."""
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    spans = [(a[i1:i2], b[j1:j2]) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+    for i, (gone_here, came_here) in enumerate(spans):
+        for j, (gone_there, came_there) in enumerate(spans):
+            moved = (set(gone_here) & set(came_there)) - set(came_here) - set(gone_there)
+            if i != j and moved:
+                return min(moved)
+    return None
+
+
+def _stems_of(tokens: list[str]) -> list[str]:
+    return [t[:STEM_CHARS] for t in tokens]
 
 
 def _same_stems(a: list[str], b: list[str]) -> bool:
