@@ -29,6 +29,7 @@ from storage import AnswerEntries, AnswerRecord
 from storage.rules import text_problem
 
 from .config import AnswerCacheConfig
+from .heads import AnswerHeads
 from .index import VectorIndex
 from .keys import Scope, normalize
 from .lfu import Heat, LfuPlus
@@ -39,6 +40,9 @@ _ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, besides text and vector
 # A look at the table re-reads this many ids below the highest it has seen: another process
 # may commit a lower id after a higher one (ids are handed out before commit).
 SYNC_OVERLAP = 16
+# An answer head's choice is served through its wordings among this many times `neighbors`
+# nearest entries: enough to find those above the threshold, bounded for HNSW's sake.
+_HEAD_REACH = 5
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class AnswerCacheStats:
     misses: int = 0
     refused_by_verification: int = 0
     refused_as_ambiguous: int = 0
+    refused_by_head: int = 0  # the scope's answer head was not confident enough of any answer
     stores: int = 0
     synced: int = 0  # entries other processes stored, indexed here
     refused_high_entropy: int = 0
@@ -136,6 +141,9 @@ class AnswerCache:
         self._next_sync = 0.0  # monotonic time of the next look at the table
         self._syncing = threading.Lock()
         self.stats = AnswerCacheStats()
+        self._heads = (
+            AnswerHeads(self._scope_rows, config.head_min_wordings) if config.head_confidence is not None else None
+        )
         if entries is not None:
             self._load(entries)
 
@@ -179,7 +187,7 @@ class AnswerCache:
         vector = embedding if embedding is not None else self._embed([normalized])[0]
         with self._lock:
             threshold = self.config.intent_similarity_threshold if intent_scoped else self.config.similarity_threshold
-            candidates = self._vote(key, vector, threshold)
+            candidates = self._choose(key, vector, threshold)
             if not candidates:
                 self.stats.misses += 1
                 return None
@@ -218,18 +226,36 @@ class AnswerCache:
         entry_id = self._exact.get(key, {}).get(normalized)
         return entry_id if entry_id is not None and self._alive(entry_id) else None
 
-    def _vote(self, key: str, vector: np.ndarray, threshold: float) -> list[tuple[int, float]]:
+    def _choose(self, key: str, vector: np.ndarray, threshold: float) -> list[tuple[int, float]]:
+        """Stored wordings of the one answer `vector` asks for, closest first; none when unclear.
+
+        The scope's answer head chooses the answer when it has one and knows the answer of the
+        nearest wording (it must be `head_confidence` sure); else the neighbours vote. Either
+        way only wordings at least `threshold` similar are returned.
+        """
+        found = [(i, s) for i, s in self._indexes[key].search(vector, _HEAD_REACH * self.config.neighbors) if self._alive(i)]
+        if not found:
+            return []
+        confidence = self.config.head_confidence
+        head = self._heads.get(key) if self._heads is not None else None
+        if head is not None and confidence is not None and self._entries[found[0][0]].answer_key in head.known:
+            answer, probability = head.predict(vector)
+            if answer is not None:
+                if probability < confidence:
+                    self.stats.refused_by_head += 1
+                    return []
+                return [(i, s) for i, s in found if s >= threshold and self._entries[i].answer_key == answer][: self.config.neighbors]
+        return self._vote(found[: self.config.neighbors], threshold)
+
+    def _vote(self, neighbours: list[tuple[int, float]], threshold: float) -> list[tuple[int, float]]:
         """Entries of the best answer above the threshold, closest first; none when the vote is unclear.
 
         The best answer must clear the threshold and beat every other answer among the
         neighbours by the margin: a question between two answers gets neither.
         """
         by_answer: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        for entry_id, similarity in self._indexes[key].search(vector, self.config.neighbors):
-            if self._alive(entry_id):
-                by_answer[self._entries[entry_id].answer_key].append((similarity, entry_id))
-        if not by_answer:
-            return []
+        for entry_id, similarity in neighbours:
+            by_answer[self._entries[entry_id].answer_key].append((similarity, entry_id))
         ranked = sorted((max(found), answer) for answer, found in by_answer.items())[::-1]
         (best_similarity, _), winner = ranked[0]
         if best_similarity < threshold:
@@ -336,6 +362,8 @@ class AnswerCache:
             index = self._indexes[record.scope] = VectorIndex(vector.shape[0])
         index.add(record.id, vector)
         self._bytes += nbytes
+        if self._heads is not None:
+            self._heads.changed(record.scope, len(index))
 
     def _remove(self, entry_ids: list[int]) -> None:
         """Drop entries from memory and, in one transaction, from the database."""
@@ -349,6 +377,8 @@ class AnswerCache:
             index.remove(entry_id)
             if not exact and not len(index):  # follow-up scopes are many and short-lived
                 del self._exact[scope], self._indexes[scope]
+            if self._heads is not None:
+                self._heads.changed(scope, len(index))
             self._bytes -= entry.nbytes
         if self._entries_db is not None and entry_ids:
             self._entries_db.delete(entry_ids)
@@ -440,6 +470,26 @@ class AnswerCache:
         finally:
             self._syncing.release()
 
+    def train_heads(self) -> None:
+        """Fit every scope's answer head on its current entries now, after a bulk load.
+
+        Heads otherwise follow the entries in the background, refitted once a scope has changed by
+        a tenth, so right after many stores a lookup may still be judged by an older head.
+        """
+        if self._heads is not None:
+            with self._lock:
+                keys = list(self._indexes)
+            self._heads.fit_now(keys)
+
+    def _scope_rows(self, key: str) -> tuple[np.ndarray, list[str]]:
+        """The scope's live question vectors and their answer keys, for its answer head."""
+        with self._lock:
+            now = self._clock()
+            live = [e for e in self._entries.values() if e.record.scope == key and e.record.expires_at > now]
+            if not live:
+                return np.zeros((0, self._dim or 1), dtype=np.float32), []
+            return np.stack([e.vector for e in live]), [e.answer_key for e in live]
+
     def _dimension(self) -> int:
         if self._dim is None:
             self._dim = int(self._embed(["dimension probe"]).shape[1])
@@ -458,6 +508,8 @@ class AnswerCache:
             self._entries.clear()
             self._exact.clear()
             self._indexes.clear()
+            if self._heads is not None:
+                self._heads.clear()
             self._bytes = 0
             if self._entries_db is not None:
                 self._entries_db.clear()

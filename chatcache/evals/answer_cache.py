@@ -99,7 +99,8 @@ def evaluate_answer_cache(
 
     Returns:
         hit_rate, precision, hits, questions, refusals, and the same metrics under
-        "without_verification"; "embedding_only" holds the baseline per threshold.
+        "without_verification" and "without_heads" (the vote alone); "embedding_only" holds
+        the baseline per threshold.
     """
     config = config or AnswerCacheConfig()
     embed = embed or _bundled_embed
@@ -107,10 +108,16 @@ def evaluate_answer_cache(
     train_vectors = _unit(embed([t for t, _ in train]))
     test_vectors = _unit(embed([t for t, _ in test]))
     result: dict[str, Any] = {}
-    for key, run_config in (("main", config), ("without_verification", replace(config, verify=False))):
+    runs = (
+        ("main", config),
+        ("without_verification", replace(config, verify=False)),
+        ("without_heads", replace(config, head_confidence=None)),
+    )
+    for key, run_config in runs:
         cache = AnswerCache(run_config, embed)
         for (text, category), vector in zip(train, train_vectors):
             cache.store(text, category, SCOPE, _ENTROPY_BITS, _LATENCY_MS, embedding=vector)
+        cache.train_heads()
         served = []
         for (text, _), vector in zip(test, test_vectors):
             hit = cache.lookup(text, SCOPE, embedding=vector)
@@ -119,7 +126,7 @@ def evaluate_answer_cache(
         if key == "main":
             stats = cache.snapshot()
             result.update(metrics)
-            result["refusals"] = {"ambiguous": stats.refused_as_ambiguous, **stats.refusal_reasons}
+            result["refusals"] = {"ambiguous": stats.refused_as_ambiguous, "head": stats.refused_by_head, **stats.refusal_reasons}
         else:
             result[key] = metrics
     result["embedding_only"] = {
@@ -256,11 +263,14 @@ def main_pairs(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(result: dict[str, Any], as_json: bool, line: Callable[[dict[str, Any]], str]) -> int:
-    """One JSON object, or a line per configuration: the cache, without verification, embedding-only."""
+    """One JSON object, or a line per configuration: the cache, without verification (and without
+    answer heads, where the evaluation has them), embedding-only."""
     if as_json:
         print(json.dumps(result))
         return 0
     rows = [("cache", result), ("no verify", result["without_verification"])]
+    if "without_heads" in result:
+        rows.append(("no heads", result["without_heads"]))
     rows += [(f"emb-only {t}", row) for t, row in result["embedding_only"].items()]
     for name, row in rows:
         print(f"{name:16} {line(row)}")
