@@ -1,9 +1,10 @@
 """The answer cache: a question asked again, in the same context, gets the stored answer.
 
 A lookup runs in order: the scope (model, bot, tenant, dialogue context), an exact match on
-the normalised text, a vector search among the scope's questions, a vote between the answers
-found (the best must clear the threshold and beat the nearest *different* answer by a
-margin), and the verification checks. Only then is an answer served. Entries are stored
+the normalised text, a vector search among the scope's questions, the choice of one answer (by
+the scope's answer head where it has one, `heads.py`, else by a vote between the answers found:
+the best must clear the threshold and beat the nearest *different* answer by a margin), and the
+verification checks. Only then is an answer served. Entries are stored
 with their question embedding and the mean token entropy of the answer (uncertain answers
 are refused), live in the session database and are re-indexed from it at start, expire
 after a TTL, and are evicted by the LFU+ policy beyond a count or byte capacity. Processes
