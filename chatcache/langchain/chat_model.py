@@ -476,7 +476,7 @@ def _tool_fields(text: str, syntax: CallSyntax) -> dict[str, Any]:
     except ValueError as error:
         invalid = InvalidToolCall(name=None, args=text, id=_call_id(), error=str(error), type="invalid_tool_call")
         return {"content": text, "invalid_tool_calls": [invalid]}
-    tool_calls = [ToolCall(name=call.name, args=call.arguments, id=_call_id(), type="tool_call") for call in calls]
+    tool_calls = [ToolCall(name=call.name, args=call.arguments, id=call.id or _call_id(), type="tool_call") for call in calls]
     return {"content": head, "tool_calls": tool_calls}
 
 

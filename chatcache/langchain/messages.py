@@ -80,10 +80,11 @@ def converted(message: BaseMessage) -> Message:
     """The chatcache message for `message`: its text, its tool calls, or its tool result."""
     text = text_of(message)
     if isinstance(message, ToolMessage):
-        return Message("tool", f"Error: {text}" if message.status == "error" and not text.startswith("Error") else text)
+        content = f"Error: {text}" if message.status == "error" and not text.startswith("Error") else text
+        return Message("tool", content, tool_call_id=message.tool_call_id)
     if isinstance(message, AIMessage) and message.invalid_tool_calls:
         raise ValueError("An AIMessage with invalid_tool_calls cannot be sent: fix or drop the calls first.")
-    calls = tuple(ToolCall(call["name"], dict(call["args"])) for call in message.tool_calls) if isinstance(message, AIMessage) else ()
+    calls = tuple(ToolCall(call["name"], dict(call["args"]), call.get("id") or "") for call in message.tool_calls) if isinstance(message, AIMessage) else ()
     return Message(role_of(message), text, tool_calls=calls)
 
 

@@ -34,6 +34,7 @@ from .plain_text import PlainText
 if TYPE_CHECKING:
     from .tools import CallSyntax, ToolCall
 
+_PROBE_ID = "chatcache"  # a probe call's id: nine letters, the length Mistral's templates require
 _PLACEHOLDER = "\u2063chatcache-reply\u2063"
 TOOL_RENDERERS = 32  # tool sets whose renderers are kept (`PromptRenderer.with_tools`)
 
@@ -43,13 +44,15 @@ class Message:
     """One message of a conversation; an assistant message keeps the ids it was generated as.
 
     An assistant message may carry the tool calls it made, and a `tool` message one call's
-    result, until the engine writes them in the model's own syntax (`tools.written`).
+    result (and the id of the call it answers), until the engine writes them in the model's own
+    syntax (`tools.written`).
     """
 
     role: str
     content: str
     generated_ids: tuple[int, ...] | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,14 +111,15 @@ class PromptRenderer:
     @cached_property
     def tool_syntax(self) -> CallSyntax | None:
         """How the chat template writes a tool call, where it lays out tools and calls itself
-        (Qwen's: Hermes' format; Llama 3.1's: a bare JSON object); None where it has no tool
-        format, or one this cannot read back exactly (a call not laid out as `json.dumps` does,
-        keys besides the name and arguments). Read off the template by rendering probe calls."""
+        (Qwen's: Hermes' format; Llama 3.1's: a bare JSON object; Mistral's: a list of calls
+        with ids); None where it has no tool format, or one this cannot read back exactly (a
+        call not laid out as `json.dumps` does, keys besides the name, arguments and id). Read
+        off the template by rendering probe calls."""
         from .tools import CallSyntax
 
         def reply(calls: int, then: Sequence[dict[str, Any]] = ()) -> str:
             """What the template writes after its generation prompt for a reply making `calls` probe calls."""
-            call = {"type": "function", "function": {"name": "chatcache_probe", "arguments": {"a": 1}}}
+            call = {"type": "function", "id": _PROBE_ID, "function": {"name": "chatcache_probe", "arguments": {"a": 1}}}
             asked: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
             made = [*asked, {"role": "assistant", "content": "", "tool_calls": [call] * calls}, *then]
             before = self._render_dicts(asked, tools, add_generation_prompt=True)
@@ -130,23 +134,28 @@ class PromptRenderer:
             start = one.index("{")
             item, end = json.JSONDecoder().raw_decode(one, start)
             arguments = [key for key, value in item.items() if value == {"a": 1}]
-            if item.get("name") != "chatcache_probe" or len(arguments) != 1 or len(item) != 2 or one[start:end] != json.dumps(item):
+            ids = [key for key, value in item.items() if value == _PROBE_ID]
+            if item.get("name") != "chatcache_probe" or len(arguments) != 1 or list(item) != ["name", *arguments, *ids] or one[start:end] != json.dumps(item):
                 return None
-            foot = self._render([Message("assistant", _PLACEHOLDER)]).partition(_PLACEHOLDER)[2]
+            asked_and_replied = [Message("user", "x"), Message("assistant", _PLACEHOLDER)]  # a reply alone may break the template's role order
+            foot = self._render(asked_and_replied).partition(_PLACEHOLDER)[2]
             close = one[end:].removesuffix(foot) if foot.strip() else one[end:].rstrip()
-            syntax = CallSyntax(one[:start], close, arguments[0], between=None)
+            syntax = CallSyntax(one[:start], close, arguments[0], between=None, id_key=ids[0] if ids else None)
         except Exception:  # noqa: BLE001 - a template that cannot render the probe has no tool format we can use
             return None
         try:  # two calls in one reply: what goes between them, if the template allows it
             two = reply(2)
-            first = one[: end + len(close)]
-            rest = two[len(first) :]
-            between = rest[: rest.index(syntax.open + "{")] if syntax.open else rest[: rest.index("{")]
-            syntax = replace(syntax, between=between)
+            if two.startswith(one[: end + len(close)]):  # each call opened and closed on its own
+                rest = two[end + len(close) :]
+                between = rest[: rest.index(syntax.open + "{")] if syntax.open else rest[: rest.index("{")]
+                syntax = replace(syntax, between=between)
+            elif two.startswith(one[:end]):  # the calls share one opening and closing (a list)
+                rest = two[end:]
+                syntax = replace(syntax, between=rest[: rest.index("{")], joined=True)
         except Exception:  # noqa: BLE001 - Llama 3.1's template refuses a second call
             pass
         try:  # results: one `tool` message each, where the template renders them one after another
-            result = {"role": "tool", "content": "r"}
+            result = {"role": "tool", "content": "r", "tool_call_id": _PROBE_ID}
             if reply(1, [result, result]).startswith(reply(1, [result])):
                 syntax = replace(syntax, tool_role=True)
         except Exception:  # noqa: BLE001 - results then go in a user message
@@ -160,7 +169,7 @@ class PromptRenderer:
         if not messages and not add_generation_prompt:
             return ""
         text = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": self.plain_text.mark(m.content)} for m in messages],
+            [{"role": m.role, "content": self.plain_text.mark(m.content), **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})} for m in messages],
             tools=list(self.tools) or None,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,

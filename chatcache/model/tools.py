@@ -3,7 +3,9 @@
 A chat template that renders tools and calls has its own way of writing a call
 (`PromptRenderer.tool_syntax` reads it off the template): Hermes' in Qwen 2.5 and 3
 (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`), a bare
-`{"name": ..., "parameters": {...}}` in Llama 3.1 and 3.2. The model then reads the tools,
+`{"name": ..., "parameters": {...}}` in Llama 3.1 and 3.2, a list of calls with ids in
+Mistral's (`[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "a1b2c3d4e"}, ...]`, each
+result naming the id it answers). The model then reads the tools,
 its earlier calls and their results as its template lays them out, and writes calls as it
 learned to. Most small templates (the bundled SmolLM2's among them) have no tool format; for
 them the documented format is Hermes' (`HERMES`):
@@ -25,10 +27,11 @@ tool, or text only (`none`), with each call's arguments held to that tool's JSON
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .prompt import Message
@@ -54,8 +57,23 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """A call a reply made; `id` is what its result names it by (empty where nobody gave one)."""
+
     name: str
     arguments: dict[str, Any]
+    id: str = ""
+
+
+_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+CALL_ID_PATTERN = f"^{_CALL_ID.pattern}$"
+"""The ids a template that writes ids gets: Mistral's require nine letters and digits."""
+
+
+def call_id(given: str) -> str:
+    """The id a call and its result are written with where the template writes ids: the given
+    one when it is nine letters and digits, else nine hex digits derived from it, so that a call
+    and the result naming it still agree (OpenAI's and LangChain's ids are longer)."""
+    return given if _CALL_ID.fullmatch(given) else hashlib.sha256(given.encode()).hexdigest()[:9]
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,10 @@ class CallSyntax:
         between: what separates two calls of one reply; None where a reply makes one call.
         tool_role: whether results go to the template as `tool` messages, one per result;
             else the results of one reply's calls are one user message of `<tool_response>` blocks.
+        id_key: the key a call's id is written under, after its arguments, where the template
+            writes ids (its results then name the call by `tool_call_id`).
+        joined: one reply's calls share one `open` and `close`, `between` separating them (a
+            JSON list after a marker, as Mistral's); else each call has its own.
     """
 
     open: str
@@ -74,6 +96,8 @@ class CallSyntax:
     arguments_key: str = "arguments"
     between: str | None = "\n"
     tool_role: bool = False
+    id_key: str | None = None
+    joined: bool = False
 
     @property
     def first(self) -> str:
@@ -99,10 +123,15 @@ def tools_prompt(tools: Sequence[Tool]) -> str:
 
 def calls_text(calls: Sequence[ToolCall], syntax: CallSyntax = HERMES) -> str:
     """An assistant message that made `calls`, as the model writes it."""
-    written = [
-        syntax.open + json.dumps({"name": c.name, syntax.arguments_key: c.arguments}, ensure_ascii=False) + syntax.close for c in calls
-    ]
-    return (syntax.between or "").join(written)
+    items = []
+    for call in calls:
+        item: dict[str, Any] = {"name": call.name, syntax.arguments_key: call.arguments}
+        if syntax.id_key is not None:
+            item[syntax.id_key] = call_id(call.id)
+        items.append(json.dumps(item, ensure_ascii=False))
+    if syntax.joined:
+        return syntax.open + (syntax.between or "").join(items) + syntax.close
+    return (syntax.between or "").join(syntax.open + item + syntax.close for item in items)
 
 
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
@@ -126,6 +155,8 @@ def written(messages: Sequence[Message], syntax: CallSyntax) -> list[Message]:
     for message in messages:
         if message.tool_calls:
             laid_out.append(Message("assistant", message.content + calls_text(message.tool_calls, syntax)))
+        elif message.role == "tool" and syntax.tool_role and syntax.id_key is not None:
+            laid_out.append(replace(message, tool_call_id=call_id(message.tool_call_id)))
         elif message.role == "tool" and not syntax.tool_role:
             if laid_out and laid_out[-1].role == "user" and is_result(laid_out[-1]):  # another result of the same reply
                 laid_out[-1] = Message("user", f"{laid_out[-1].content}\n{result_text(message.content)}")
@@ -158,12 +189,13 @@ def call_format(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, synta
         chosen = [tool for tool in tools if tool.name == choice]
         if not chosen:
             raise ValueError(f"tool_choice names {choice!r}, which is not among the bound tools: {', '.join(t.name for t in tools)}")
+    identified = {syntax.id_key: {"type": "string", "pattern": CALL_ID_PATTERN}} if syntax.id_key is not None else {}
     one_call = {
         "anyOf": [
             {
                 "type": "object",
-                "properties": {"name": {"const": tool.name}, syntax.arguments_key: dict(tool.parameters)},
-                "required": ["name", syntax.arguments_key],
+                "properties": {"name": {"const": tool.name}, syntax.arguments_key: dict(tool.parameters), **identified},
+                "required": ["name", syntax.arguments_key, *identified],
                 "additionalProperties": False,
             }
             for tool in chosen
@@ -171,16 +203,25 @@ def call_format(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, synta
         "x-guidance": JSON_LAYOUT,
     }
     several = parallel and syntax.between is not None
-    rules = [
-        "calls: call" + (f" ({json.dumps(syntax.between)} call)*" if several else ""),
-        "call: " + " ".join([*([json.dumps(syntax.open)] if syntax.open else []), "%json", json.dumps(one_call), *([json.dumps(syntax.close)] if syntax.close else [])]),
-    ]
+    open_, close = [json.dumps(syntax.open)] if syntax.open else [], [json.dumps(syntax.close)] if syntax.close else []
+    item = ["%json", json.dumps(one_call)]
+    calls = "call" + (f" ({json.dumps(syntax.between)} call)*" if several else "")
+    if syntax.joined:
+        rules = ["calls: " + " ".join([*open_, calls, *close]), "call: " + " ".join(item)]
+    else:
+        rules = ["calls: " + calls, "call: " + " ".join([*open_, *item, *close])]
     if choice == "auto":
         # Free text may not start as a call does, so a reply that starts a call must finish it well-formed.
         rules = ["start: TEXT | calls", *rules, f"TEXT: /[^{re.escape(syntax.first)}](?s:.*)/"]
     else:
         rules = ["start: calls", *rules]
     return ReplyFormat.lark("\n".join(rules) + "\n")
+
+
+def _call_of(item: Any, syntax: CallSyntax) -> ToolCall:
+    """The call a decoded JSON object holds (KeyError, TypeError: not a call in `syntax`)."""
+    given = str(item[syntax.id_key]) if syntax.id_key is not None else ""
+    return ToolCall(str(item["name"]), dict(item[syntax.arguments_key]), given)
 
 
 def parse_calls(text: str, syntax: CallSyntax = HERMES) -> tuple[str, list[ToolCall]]:
@@ -204,19 +245,34 @@ def parse_calls(text: str, syntax: CallSyntax = HERMES) -> tuple[str, list[ToolC
         return text, []
     calls = []
     decoder = json.JSONDecoder()
+    separator, closing = (syntax.between or "").strip(), syntax.close.strip()
     try:
+        if syntax.joined:  # one opening for every call, one closing after the last
+            rest = rest[len(opening) :]
         while rest.strip():
-            if not rest.startswith(opening):
-                raise ValueError(f"text after a call: {rest.strip()[:40]!r}")
-            item, end = decoder.raw_decode(rest, len(rest) - len(rest[len(opening):].lstrip()))
+            if not syntax.joined:
+                if not rest.startswith(opening):
+                    raise ValueError(f"text after a call: {rest.strip()[:40]!r}")
+                rest = rest[len(opening) :]
+            rest = rest.lstrip()
+            item, end = decoder.raw_decode(rest)
+            calls.append(_call_of(item, syntax))
             after = rest[end:].lstrip()
-            if not after.startswith(syntax.close.strip()):
+            if syntax.joined and syntax.between is not None and after.startswith(separator) and separator:
+                rest = after[len(separator) :]
+                continue
+            if not after.startswith(closing):
                 raise ValueError("no closing tag")
-            calls.append(ToolCall(str(item["name"]), dict(item[syntax.arguments_key])))
-            rest = after[len(syntax.close.strip()):].lstrip()
-            if rest and (syntax.between is None or not rest.startswith(syntax.between.strip())):
+            rest = after[len(closing) :].lstrip()
+            if syntax.joined:
+                if rest:
+                    raise ValueError(f"text after the calls: {rest[:40]!r}")
+                return head, calls
+            if rest and (syntax.between is None or not rest.startswith(separator)):
                 raise ValueError(f"text after a call: {rest[:40]!r}")
-            rest = rest[len(syntax.between.strip()) :].lstrip() if syntax.between else rest
+            rest = rest[len(separator) :].lstrip() if syntax.between else rest
+        if syntax.joined:
+            raise ValueError("no closing tag")
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"The model's tool call is cut short or malformed ({error}): {text!r}") from None
     return head, calls

@@ -45,7 +45,7 @@ class ToolCallItem(BaseModel):
             raise ValueError(f"the arguments of call {self.id!r} are not JSON: {error}") from None
         if not isinstance(arguments, dict):
             raise ValueError(f"the arguments of call {self.id!r} must be a JSON object")
-        return ToolCall(self.function.name, arguments)
+        return ToolCall(self.function.name, arguments, self.id)
 
 
 class ChatMessage(BaseModel):
@@ -79,7 +79,7 @@ class ChatMessage(BaseModel):
     def message(self) -> Message:
         """The engine's message: its calls and results kept as such (the engine writes them in the model's format)."""
         calls = tuple(item.call() for item in self.tool_calls or [])
-        return Message("system" if self.role == "developer" else self.role, self.text, tool_calls=calls)
+        return Message("system" if self.role == "developer" else self.role, self.text, tool_calls=calls, tool_call_id=self.tool_call_id or "")
 
 
 class StreamOptions(BaseModel):
@@ -311,9 +311,10 @@ def reply_message(reply: Reply, calls_in: CallSyntax | None) -> tuple[dict[str, 
 
 
 def tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """Calls as OpenAI returns them, each with a new id and its arguments as JSON text."""
+    """Calls as OpenAI returns them, each with its id (the model's own where its format writes
+    one, else a new one) and its arguments as JSON text."""
     return [
-        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+        {"id": c.id or f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
         for c in calls
     ]
 

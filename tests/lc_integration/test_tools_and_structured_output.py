@@ -390,3 +390,96 @@ def test_calls_in_a_bare_json_syntax_parse_and_text_stays_text() -> None:
         parse_calls('{"name": "add", "parameters": {"a": 1', bare)
     with pytest.raises(ValueError, match="after a call"):
         parse_calls(calls_text([call, call], CallSyntax("", "", "parameters", between="\n")), bare)
+
+
+# A template with Mistral's call format (its v3 tokenizer's, as the Mistral 7B v0.3 and Nemo
+# templates write it), written here: the tools before the last user message, one reply's calls
+# as one JSON list after `[TOOL_CALLS]`, each with an id of nine letters and digits, and each
+# result naming the call it answers.
+MISTRAL_TEMPLATE = (
+    "{%- set system = messages[0].content if messages[0].role == 'system' else none %}"
+    "{%- set turns = messages[1:] if system is not none else messages %}"
+    "{%- set last_user = turns | selectattr('role', 'equalto', 'user') | list | last %}"
+    "{%- for message in turns %}"
+    "{%- if message.role == 'user' %}"
+    "{%- if tools and message is sameas last_user %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST]{% if system is not none and loop.first %}{{ system }}\n\n{% endif %}{{ message.content }}[/INST]"
+    "{%- elif message.tool_calls %}[TOOL_CALLS][{% for call in message.tool_calls %}"
+    "{%- if call.id is not defined or call.id | length != 9 %}{{ raise_exception('a call id is nine letters and digits') }}{% endif %}"
+    "{{ {'name': call.function.name, 'arguments': call.function.arguments, 'id': call.id} | tojson }}"
+    "{%- if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if message.tool_call_id is not defined or message.tool_call_id | length != 9 %}{{ raise_exception('a result names its call') }}{% endif %}"
+    "[TOOL_RESULTS]{{ {'content': message.content, 'call_id': message.tool_call_id} | tojson }}[/TOOL_RESULTS]"
+    "{%- else %}{{ message.content }}{{ eos_token }}{%- endif %}"
+    "{%- endfor %}"
+)
+MISTRAL_SYNTAX = CallSyntax("[TOOL_CALLS][", "]", between=", ", tool_role=True, id_key="id", joined=True)
+
+
+@pytest.fixture(scope="module")
+def mistral_model(build_tiny, tmp_path_factory):  # type: ignore[no-untyped-def]
+    return _tiny_with_template(build_tiny, tmp_path_factory.mktemp("tiny-mistral-tools"), MISTRAL_TEMPLATE)
+
+
+def test_a_template_with_mistral_calls_gets_lists_of_calls_with_ids(mistral_model, make_engine) -> None:  # type: ignore[no-untyped-def]
+    """Calls come back as the template writes them (a list, each call with the id the model
+    wrote), and a history of calls and results, ids and all, renders as the template renders it:
+    also one made elsewhere, whose longer ids are shortened alike in the call and its result."""
+    from chatcache import TokenTierConfig
+    from chatcache.langchain.messages import to_chatcache
+    from chatcache.model.prompt import PromptRenderer, RenderedSegments
+    from chatcache.model.tools import call_id
+
+    assert PromptRenderer(mistral_model.tokenizer).tool_syntax == MISTRAL_SYNTAX
+    engine = make_engine(mistral_model, token_tier=TokenTierConfig(spill_dir=None))
+    model = CachedChatModel(engine=engine, max_tokens=300).bind_tools([add], tool_choice="any")  # one call: the random model would not stop
+    system, question = SystemMessage("You add."), HumanMessage("What is 1 + 2?")
+    called = model.invoke([system, question])
+    assert len(called.tool_calls) == 1 and not called.invalid_tool_calls
+    for call in called.tool_calls:
+        assert call["id"] is not None and call_id(call["id"]) == call["id"]  # the model's own id, nine letters and digits
+        jsonschema.validate(call["args"], _args_schema(add))
+
+    def structured(calls: list[dict], results: list[ToolMessage]) -> list[dict]:  # type: ignore[type-arg]
+        return [
+            {"role": "system", "content": "You add."},
+            {"role": "user", "content": "What is 1 + 2?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "id": call_id(c["id"]), "function": {"name": c["name"], "arguments": c["args"]}} for c in calls
+            ]},
+            *({"role": "tool", "content": r.content, "tool_call_id": call_id(r.tool_call_id)} for r in results),
+        ]  # fmt: skip
+
+    def native_ids(messages: list[dict]) -> list[int]:  # type: ignore[type-arg]
+        return _native_ids(mistral_model, messages)
+
+    results = [ToolMessage("3", tool_call_id=call["id"], name="add") for call in called.tool_calls]
+    history = [system, question, called, *results]
+    ours = written(to_chatcache(history), engine.call_syntax)
+    assert engine.renderer.with_tools([ADD_SPEC]).conversation_ids(ours, RenderedSegments()) == native_ids(structured(called.tool_calls, results))
+    answered = model.bind_tools([add], tool_choice="none").invoke(history)
+    assert isinstance(answered.content, str) and not answered.tool_calls
+    assert answered.usage_metadata["input_token_details"]["cache_read"] > called.usage_metadata["input_tokens"] // 2
+
+    elsewhere = AIMessage("", tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "call_0123456789abcdef"}])
+    result = ToolMessage("3", tool_call_id="call_0123456789abcdef", name="add")
+    ours = written(to_chatcache([system, question, elsewhere, result]), engine.call_syntax)
+    expected = native_ids(structured(elsewhere.tool_calls, [result]))
+    assert engine.renderer.with_tools([ADD_SPEC]).conversation_ids(ours, RenderedSegments()) == expected
+
+
+def test_calls_in_a_list_syntax_round_trip_and_a_cut_list_is_refused() -> None:
+    calls = [ToolCall("add", {"a": 1, "b": 2}, "a1b2c3d4e"), ToolCall("add", {"a": 3, "b": 4}, "call_0123456789")]
+    text = calls_text(calls, MISTRAL_SYNTAX)
+    short = calls_text([calls[1]], MISTRAL_SYNTAX)[len("[TOOL_CALLS][") : -1]
+    assert text == '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}, "id": "a1b2c3d4e"}, ' + short + "]"
+    head, parsed = parse_calls("Sure. " + text, MISTRAL_SYNTAX)
+    assert head == "Sure. " and [(c.name, c.arguments) for c in parsed] == [(c.name, c.arguments) for c in calls]
+    assert parsed[0].id == "a1b2c3d4e" and len(parsed[1].id) == 9  # a long id is written shortened
+    with pytest.raises(ValueError, match="cut short"):
+        parse_calls(text[:-1], MISTRAL_SYNTAX)
+    with pytest.raises(ValueError, match="after the calls"):
+        parse_calls(text + " and more", MISTRAL_SYNTAX)
+    one = call_format([Tool("add", "Add.", _args_schema(add))], "any", parallel=True, syntax=MISTRAL_SYNTAX)
+    assert one is not None
