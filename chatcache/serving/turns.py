@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -31,6 +31,7 @@ async def answer_turn(
     release: Callable[[], None],
     session_id: str | None,
     calls_in: CallSyntax | None = None,
+    before_start: Callable[[], Awaitable[None]] | None = None,
 ) -> JSONResponse | StreamingResponse:
     """Run one turn: its errors before the first piece are the response; then the answer, whole or streamed.
 
@@ -42,6 +43,8 @@ async def answer_turn(
     conversation's KV) would be refused, a turn that surely needs the model is refused at once,
     before the engine does any work (its 429 in a few milliseconds); one the answer cache may
     serve goes on, and admission decides once its prefill is known. A turn let in at the door keeps its place in the queue meanwhile.
+    `before_start` (a check with I/O, such as the session's existence) runs only for a turn let
+    in, before the engine starts it; its error is the response as the engine's would be.
     """
     arrived = time.perf_counter()
     ticket = s.admission.ticket()
@@ -51,6 +54,8 @@ async def answer_turn(
         s.metrics.rejections.labels(refusal.reason).inc()
         raise api_error(refusal)
     try:
+        if before_start is not None:
+            await before_start()
         stream = AsyncReplyStream(start(ticket))
         try:
             first: str | None = await stream.__anext__()
