@@ -104,3 +104,17 @@ def test_without_an_slo_the_warm_up_decodes_no_batches(serve, monkeypatch: pytes
     monkeypatch.setattr(scheduler, "submit", lambda cache, pending, *args: (submitted.append(len(pending)), submit(cache, pending, *args))[1])
     warm_up(server)
     assert len(submitted) == 1, "the engine's one short answer, no batch"
+
+
+def test_a_serving_process_keeps_its_start_up_objects_out_of_the_collectors_scans(serve) -> None:  # type: ignore[no-untyped-def]
+    """While a server runs, what start-up left (the model among it) is frozen, so a full collection
+    under load does not walk it with the GIL held; once stopped, it is collectable again."""
+    import gc
+
+    live = serve()
+    with live.client() as http:
+        assert http.get("/ready").status_code == 200
+    frozen = gc.get_freeze_count()
+    assert frozen > 10_000  # torch, transformers, the model's modules and parameters
+    live.stop()
+    assert gc.get_freeze_count() == 0
