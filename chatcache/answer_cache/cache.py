@@ -234,11 +234,12 @@ class AnswerCache:
         nearest wording (it must be `head_confidence` sure); else the neighbours vote. Either
         way only wordings at least `threshold` similar are returned.
         """
-        found = [(i, s) for i, s in self._indexes[key].search(vector, _HEAD_REACH * self.config.neighbors) if self._alive(i)]
-        if not found:
-            return []
         confidence = self.config.head_confidence
         head = self._heads.get(key) if self._heads is not None else None
+        reach = self.config.neighbors * (_HEAD_REACH if head is not None else 1)
+        found = [(i, s) for i, s in self._indexes[key].search(vector, reach) if self._alive(i)]
+        if not found:
+            return []
         if head is not None and confidence is not None and self._entries[found[0][0]].answer_key in head.known:
             answer, probability = head.predict(vector)
             if answer is not None:
