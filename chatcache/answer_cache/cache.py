@@ -479,8 +479,8 @@ class AnswerCache:
         a tenth, so right after many stores a lookup may still be judged by an older head.
         """
         if self._heads is not None:
-            with self._lock:
-                keys = list(self._indexes)
+            with self._lock:  # a scope too small for a head has none: no need to read its rows
+                keys = [key for key, index in self._indexes.items() if len(index) >= 2 * self.config.head_min_wordings]
             self._heads.fit_now(keys)
 
     def _scope_rows(self, key: str) -> tuple[np.ndarray, list[str]]:

@@ -135,7 +135,7 @@ class AnswerHeads:
 
     def _fit(self, key: str) -> None:
         vectors, answers = self._snapshot(key)
-        head = fit_head(vectors, answers, self._min_wordings) if len(answers) >= 2 * self._min_wordings else None
+        head = fit_head(vectors, answers, self._min_wordings)
         with self._lock:
             if head is None:
                 self._heads.pop(key, None)
