@@ -10,7 +10,12 @@ The bundled model decodes one token per step, reading every weight once: 135M pa
     row of activations: bf16, int8 (`_weight_int8pack_mm`) and 4-bit groups of 32
     (`_weight_int4pack_mm_for_cpu`, the layout of the GGUF's Q4_1), each against fp32;
   * `torch.compile` of the whole decode step on a static cache (the shape it needs to compile
-    once), against the same step in eager mode.
+    once), against the same step in eager mode;
+  * the default mode of the bundled model on the CPU (`chatcache.model.int8_matmul`: every
+    linear layer's product in int8), against the exact fp32 mode, interleaved: the decode step,
+    the weights' resident bytes, and what it changes: perplexity on SGD dev conversations, the
+    share of positions with the same greedy next token, and the share of greedy replies to SGD
+    user turns that are the same token for token.
 
     python -m bench.decode_profile [--quick]
 """
@@ -18,7 +23,9 @@ The bundled model decodes one token per step, reading every weight once: 135M pa
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,9 +34,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache, StaticCache
 
-from chatcache import load_chat_model
+from chatcache import ChatModel, load_chat_model
 
-from .common import BenchRun, bench_arguments
+from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_exchanges, sgd_user_turns
 
 GROUP = 32  # the GGUF's Q4_1 block
 
@@ -148,14 +155,107 @@ def weight_kernels(model: Any, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def resident_weight_bytes(model: Any) -> int:
+    """Bytes of the parameters and buffers the model holds (tied tensors once)."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def interleaved_steps(models: dict[str, Any], contexts: tuple[int, ...], repeats: int, rounds: int) -> dict[str, Any]:
+    """Decode-step medians of each model, taken in alternation so that the machine's drift hits all alike."""
+    timings: dict[str, dict[int, list[float]]] = {name: {c: [] for c in contexts} for name in models}
+    for _ in range(rounds):
+        for context in contexts:
+            for name, model in models.items():
+                timings[name][context].append(decode_step(model, context, repeats)[0])
+    return {
+        name: {str(c): round(statistics.median(v), 1) for c, v in by_context.items()} for name, by_context in timings.items()
+    }
+
+
+def conversation_ids(chat_model: ChatModel, data: Any, dialogues: int, max_tokens: int = 512) -> list[torch.Tensor]:
+    """SGD dev conversations (user and system turns) in the model's chat template, cut at `max_tokens`."""
+    conversations = []
+    for pairs in sgd_exchanges(data, dialogues, min_turns=2):
+        messages = [m for user, system in pairs for m in ({"role": "user", "content": user}, {"role": "assistant", "content": system})]
+        ids = chat_model.tokenizer.apply_chat_template(messages, tokenize=True)
+        ids = ids["input_ids"] if not isinstance(ids, list) else ids
+        conversations.append(torch.tensor([ids[:max_tokens]]))
+    return conversations
+
+
+def perplexity_and_agreement(exact: Any, other: Any, conversations: list[torch.Tensor]) -> dict[str, float]:
+    """Both models' perplexity on the conversations, and where their greedy next tokens agree."""
+    nll = {"exact": 0.0, "int8": 0.0}
+    agree = positions = 0
+    for ids in conversations:
+        with torch.no_grad():
+            logits = {"exact": exact(input_ids=ids).logits[0, :-1], "int8": other(input_ids=ids).logits[0, :-1]}
+        for name, value in logits.items():
+            nll[name] += float(torch.nn.functional.cross_entropy(value, ids[0, 1:], reduction="sum"))
+        agree += int((logits["exact"].argmax(-1) == logits["int8"].argmax(-1)).sum())
+        positions += ids.shape[1] - 1
+    exact_ppl, int8_ppl = (math.exp(nll[name] / positions) for name in ("exact", "int8"))
+    return {
+        "positions": positions,
+        "exact_perplexity": round(exact_ppl, 3),
+        "int8_perplexity": round(int8_ppl, 3),
+        "perplexity_change": round(int8_ppl / exact_ppl - 1, 4),
+        "same_greedy_next_token": round(agree / positions, 4),
+    }
+
+
+def greedy_reply_agreement(exact: ChatModel, other: ChatModel, prompts: list[str], max_new_tokens: int) -> dict[str, Any]:
+    """Greedy replies of both modes to the same user turns: how many are the same, and where the others part."""
+    same, parted_at = 0, []
+    for prompt in prompts:
+        ids = exact.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        replies = [
+            m.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)[0, ids.shape[1] :].tolist() for m in (exact, other)
+        ]
+        first_difference = next((i for i, (a, b) in enumerate(zip(*replies)) if a != b), None)
+        if first_difference is None and len(replies[0]) == len(replies[1]):
+            same += 1
+        else:
+            parted_at.append(first_difference if first_difference is not None else min(map(len, replies)))
+    return {
+        "replies": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "same_reply_share": round(same / len(prompts), 3),
+        "first_different_token_median": statistics.median(parted_at) if parted_at else None,
+    }
+
+
+def reuse_agreement(chat_model: ChatModel, system: str, prompts: list[str], max_new_tokens: int) -> dict[str, Any]:
+    """Greedy replies on the system prompt's KV computed beforehand, against the same replies computed from nothing."""
+    tokenizer, model = chat_model.tokenizer, chat_model.model
+    prefix = tokenizer.apply_chat_template([{"role": "system", "content": system}], tokenize=True)
+    prefix = prefix["input_ids"] if not isinstance(prefix, list) else prefix
+    same = 0
+    for prompt in prompts:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        assert ids[0, : len(prefix)].tolist() == prefix, "the system turn renders the same alone"
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, : len(prefix)], cache=cache, use_cache=True)
+        reused = model.generate(ids, past_key_values=cache, max_new_tokens=max_new_tokens, do_sample=False)
+        full = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        same += int(torch.equal(reused, full))
+    return {"replies": len(prompts), "prefix_tokens": len(prefix), "same_as_full_recompute": round(same / len(prompts), 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_arguments(parser)
     args = parser.parse_args()
     repeats = 10 if args.quick else 40
-    run = BenchRun("decode_profile", args, minutes=(5, 3))
+    run = BenchRun("decode_profile", args, minutes=(8, 4))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = load_chat_model("bundled", device="cpu").model
+    exact = load_chat_model("bundled", device="cpu", precision="exact")
+    model = exact.model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     steps = {}
     for context in (200, 1000):
@@ -173,7 +273,23 @@ def main() -> None:
     run.section("torch_compile_at_200", compiled_decode(model, 200, repeats))
     kernels = weight_kernels(model, repeats * 5)
     run.section("weight_only_kernels", kernels)
+    int8 = load_chat_model("bundled", device="cpu", precision="int8")
+    steps_by_mode = interleaved_steps({"exact": model, "int8": int8.model}, (200, 1000), repeats, rounds=2 if args.quick else 4)
+    run.section("int8_mode_decode_step_ms", {
+        **steps_by_mode,
+        "speedup": {c: round(steps_by_mode["exact"][c] / steps_by_mode["int8"][c], 2) for c in steps_by_mode["exact"]},
+        "resident_weight_bytes": {"exact": resident_weight_bytes(model), "int8": resident_weight_bytes(int8.model)},
+    })  # fmt: skip
+    conversations = conversation_ids(exact, args.data, 10 if args.quick else 40)
+    run.section("int8_mode_quality", perplexity_and_agreement(model, int8.model, conversations))
+    prompts = [turns[0] for _, turns in sgd_user_turns(args.data, 10 if args.quick else 40, min_turns=1)]
+    run.section("int8_mode_greedy_replies", greedy_reply_agreement(exact, int8, prompts, max_new_tokens=32))
+    system = schema_system_prompt(args.data, exact.tokenizer, 300)
+    run.section("reused_prefix_against_full_recompute", {
+        mode.precision: reuse_agreement(mode, system, prompts, max_new_tokens=32) for mode in (exact, int8)
+    })  # fmt: skip
     run.finish(
+        int8_single_stream_speedup_at_200=round(steps_by_mode["exact"]["200"] / steps_by_mode["int8"]["200"], 2),
         single_stream_tokens_per_s=round(1000 / steps[200], 1),
         best_weight_only_speedup=max(max(r[k] for k in r if k.endswith("_speedup")) for r in kernels),
         torch_threads=torch.get_num_threads(),

@@ -89,7 +89,7 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
     """Load the model (unless given), open the database, and make the shared parts every tenant's engine uses."""
     keys = settings.keys()
     owns_model = chat_model is None
-    model = chat_model or load_chat_model(settings.model)
+    model = chat_model or load_chat_model(settings.model, precision=settings.precision)
     store = SessionStore(settings.db) if settings.db else SessionStore.open(default_data_dir())
     token_tier = ChatEngine.build_token_tier(model, TokenTierConfig(spill_dir=settings.kv_dir or default_data_dir() / "kv"))
     needs_embedder = settings.answer_cache or settings.drift or settings.bot is not None

@@ -22,6 +22,7 @@ class ServeSettings(BaseSettings):
         bot: a bot definition (YAML path or shipped bot name); none for a plain chatbot.
         model: "bundled", a Hugging Face model id or a local path (not a remote server's address:
             admission control predicts each turn from the model's own step times).
+        precision: the model's products: "exact" (default) or "int8" (`load_chat_model`).
         db: SQLAlchemy URL of the session database (default: SQLite in the data directory).
         kv_dir: where cold sessions' KV is spilled (default: `kv` in the data directory);
             replicas on several machines share it on a network filesystem or an object-store mount.
@@ -44,6 +45,7 @@ class ServeSettings(BaseSettings):
 
     bot: str | None = None
     model: str = "bundled"
+    precision: Literal["exact", "int8"] = "exact"
     db: str | None = None
     kv_dir: Path | None = None
     host: str = "127.0.0.1"
