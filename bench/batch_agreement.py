@@ -8,7 +8,7 @@ for each turn that differs the reference's top-2 logit gap at the first differin
 whether the batched token was the runner-up. Target: >= 99% equal, every difference a near-tie
 (gap < 1e-4).
 
-    python -m bench.batch_agreement [--data ../shared/data] [--quick] [--conversations 32] [--turns 8]
+    python -m bench.batch_agreement [--data ../shared/data] [--quick] [--conversations 32] [--turns 8] [--precision exact]
 """
 
 from __future__ import annotations
@@ -33,15 +33,20 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=None, help="user turns per conversation (default 8, quick 2)")
     parser.add_argument("--at-once", type=int, default=8, help="conversations decoded together")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--precision", choices=("exact", "int8"), default="exact", help="the model's (default exact)")
     args = parser.parse_args()
     args.conversations = args.conversations or (8 if args.quick else 32)
     args.turns = args.turns or (2 if args.quick else 8)
     run = BenchRun("batch_agreement", args, minutes=(40, 4))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    chat_model = load_chat_model("bundled", device="cpu")
+    chat_model = load_chat_model("bundled", device="cpu", precision=args.precision)
     system_prompt = schema_system_prompt(args.data, chat_model.tokenizer, target_tokens=1000)
     dialogues = [turns[: args.turns] for _, turns in sgd_user_turns(args.data, args.conversations, min_turns=args.turns)]
-    run.section("setup", {"model": "bundled (SmolLM2-135M-Instruct, float32, CPU)", "torch_threads": torch.get_num_threads()})
+    run.section("setup", {
+        "model": "bundled (SmolLM2-135M-Instruct, float32 weights, CPU)",
+        "precision": chat_model.precision,
+        "torch_threads": torch.get_num_threads(),
+    })  # fmt: skip
     turns = []
     with tempfile.TemporaryDirectory() as scratch:
         engine = ChatEngine(chat_model, system_prompt=system_prompt, token_tier=TokenTierConfig(spill_dir=None), store=f"sqlite:///{scratch}/s.db")

@@ -11,11 +11,13 @@ The bundled model decodes one token per step, reading every weight once: 135M pa
     (`_weight_int4pack_mm_for_cpu`, the layout of the GGUF's Q4_1), each against fp32;
   * `torch.compile` of the whole decode step on a static cache (the shape it needs to compile
     once), against the same step in eager mode;
-  * the default mode of the bundled model on the CPU (`chatcache.model.int8_matmul`: every
-    linear layer's product in int8), against the exact fp32 mode, interleaved: the decode step,
-    the weights' resident bytes, and what it changes: perplexity on SGD dev conversations, the
-    share of positions with the same greedy next token, and the share of greedy replies to SGD
-    user turns that are the same token for token.
+  * the default precision of the bundled model on the CPU (`chatcache.model.int8_precision`:
+    every linear layer's product in int8, attention in float64), against the exact fp32 mode,
+    interleaved: the decode step, the weights' resident bytes, and what it changes: perplexity
+    on SGD dev conversations, the share of positions with the same greedy next token, and the
+    share of greedy replies to SGD user turns that are the same token for token;
+  * in each mode, and in int8 with fp32 attention, the share of greedy replies on a system
+    prompt's reused KV that are the same as a full recompute (the token tier's promise).
 
     python -m bench.decode_profile [--quick]
 """
@@ -23,11 +25,13 @@ The bundled model decodes one token per step, reading every weight once: 135M pa
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -285,8 +289,11 @@ def main() -> None:
     prompts = [turns[0] for _, turns in sgd_user_turns(args.data, 10 if args.quick else 40, min_turns=1)]
     run.section("int8_mode_greedy_replies", greedy_reply_agreement(exact, int8, prompts, max_new_tokens=32))
     system = schema_system_prompt(args.data, exact.tokenizer, 300)
+    int8_fp32_attention = copy.deepcopy(int8.model)
+    int8_fp32_attention.set_attn_implementation("sdpa")
+    modes = {**{mode.precision: mode for mode in (exact, int8)}, "int8_with_fp32_attention": replace(int8, model=int8_fp32_attention)}
     run.section("reused_prefix_against_full_recompute", {
-        mode.precision: reuse_agreement(mode, system, prompts, max_new_tokens=32) for mode in (exact, int8)
+        name: reuse_agreement(mode, system, prompts, max_new_tokens=32) for name, mode in modes.items()
     })  # fmt: skip
     run.finish(
         int8_single_stream_speedup_at_200=round(steps_by_mode["exact"]["200"] / steps_by_mode["int8"]["200"], 2),

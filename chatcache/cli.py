@@ -17,7 +17,10 @@ if TYPE_CHECKING:  # imported where used, so `chatcache --help` starts without t
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
 PRECISIONS = ("exact", "int8")  # chatcache.model.loading's, named here so that --help does not import torch
-PRECISION_HELP = "a local model's products: exact (default) or int8 (CPU only: about 2x faster decode, replies not the exact ones)"
+PRECISION_HELP = (
+    "a local model's products: exact (default) or int8 (CPU only: about 2x faster decode, reused KV still"
+    " exact, replies a little different from exact ones)"
+)
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:

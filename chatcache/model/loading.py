@@ -23,7 +23,7 @@ import torch
 from ..config import default_data_dir
 from ..errors import ConfigError, ModelNotFoundError
 from .few_rows import use_few_rows_matmul
-from .int8_matmul import Int8Linear, use_int8_matmul
+from .int8_precision import Int8Linear, supports_int8_precision, use_int8_precision
 from .scheduler import Scheduler
 from .weights_identity import weight_digests, weight_files, weights_identity
 
@@ -93,7 +93,7 @@ class ChatModel:
 
     @property
     def precision(self) -> str:
-        """How the linear layers multiply: "int8" (`int8_matmul`) or "exact" (the weights as loaded)."""
+        """How the model computes: "int8" (`int8_precision`) or "exact" (the weights as loaded)."""
         return "int8" if any(isinstance(module, Int8Linear) for module in self.model.modules()) else "exact"
 
     @property
@@ -181,10 +181,11 @@ def load_chat_model(
         name: "bundled", a Hugging Face model id, or a local directory.
         device: "cpu", "cuda", ...; defaults to CUDA when available.
         dtype: weights dtype; defaults to float32, which keeps cached and recomputed KV equal.
-        precision: "exact" (the default) multiplies by the weights as loaded; "int8" takes
-            every linear layer's product in int8 (`int8_matmul`): about 2x faster decode on the
-            CPU, but replies differ from exact ones, and a turn on reused KV is no longer always
-            the same as a full recompute, so it is a choice, not the default.
+        precision: "exact" (the default) multiplies by the weights as loaded. "int8" takes
+            every linear layer's product in int8 and attention in float64 (`int8_precision`):
+            about 2x faster decode on the CPU, a turn on reused KV still the turn a full
+            recompute gives, but replies a little different from exact ones (a reason it is a
+            choice: the bundled model copied a Japanese name in exact mode and not in int8).
 
     Returns:
         The model, its tokenizer and its weights identity.
@@ -223,7 +224,9 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype, precision: str)
     model.to(device).eval()  # type: ignore[arg-type]
     identity = weights_identity(model, _weights_dir(source))
     if precision == "int8":
-        use_int8_matmul(model)
+        if not supports_int8_precision(model):
+            raise ConfigError(f"precision 'int8' needs a model on transformers' attention functions; {name!r} is not")
+        use_int8_precision(model)
         identity += "+int8"
     elif torch.device(device).type == "cpu" and dtype == torch.float32:
         use_few_rows_matmul(model)

@@ -229,7 +229,9 @@ def parse_calls(text: str, syntax: CallSyntax = HERMES) -> tuple[str, list[ToolC
 
     Raises:
         ValueError: a reply that opens a call and does not hold well-formed calls (a reply cut
-            short by its token budget).
+            short by its token budget inside a call). Calls cut off only in their closing tag
+            are whole: their arguments are kept (multibyte text can take more tokens than the
+            budget left the strings, `within_budget`).
     """
     opening = syntax.open.strip()
     if opening:
@@ -262,6 +264,8 @@ def parse_calls(text: str, syntax: CallSyntax = HERMES) -> tuple[str, list[ToolC
                 rest = after[len(separator) :]
                 continue
             if not after.startswith(closing):
+                if closing.startswith(after.rstrip()):  # the budget ran out in the closing tag: the call is whole
+                    return head, calls
                 raise ValueError("no closing tag")
             rest = after[len(closing) :].lstrip()
             if syntax.joined:
@@ -271,8 +275,8 @@ def parse_calls(text: str, syntax: CallSyntax = HERMES) -> tuple[str, list[ToolC
             if rest and (syntax.between is None or not rest.startswith(separator)):
                 raise ValueError(f"text after a call: {rest[:40]!r}")
             rest = rest[len(separator) :].lstrip() if syntax.between else rest
-        if syntax.joined:
-            raise ValueError("no closing tag")
+        if syntax.joined and closing:  # the list's last call is whole, its closing cut off by the budget
+            return head, calls
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"The model's tool call is cut short or malformed ({error}): {text!r}") from None
     return head, calls

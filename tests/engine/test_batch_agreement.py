@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from chatcache import ChatModel
+from chatcache import ChatModel, load_chat_model
 from chatcache.evals.batching import NEAR_TIE, _agreement, compare_with_uncached, run_together
 
 SYSTEM = "You are a customer-service assistant for a restaurant booking service. Answer briefly."
@@ -25,8 +25,9 @@ def _own(model):  # type: ignore[no-untyped-def]
     return ChatModel(model.name, model.model, model.tokenizer, model.identity)
 
 
-def test_tiny_model_replies_together_equal_the_uncached_path(tiny_model, make_engine) -> None:  # type: ignore[no-untyped-def]
-    model = _own(tiny_model)
+@pytest.mark.parametrize("precision", ["exact", "int8"])
+def test_tiny_model_replies_together_equal_the_uncached_path(precision, tiny_model_dir, make_engine) -> None:  # type: ignore[no-untyped-def]
+    model = _own(load_chat_model(str(tiny_model_dir), device="cpu", precision=precision))
     engine = make_engine(model, system_prompt=SYSTEM)
     sessions = run_together(engine, CONVERSATIONS[:6], max_new_tokens=10)
     assert model.scheduler.peak_running > 1

@@ -141,6 +141,11 @@ def test_tool_format_round_trips() -> None:
     assert parse_calls("no calls here") == ("no calls here", [])
     with pytest.raises(ValueError, match="cut short"):
         parse_calls('<tool_call>[{"name": "add", "arguments": {"a": 1')
+    whole = calls_text(calls[:1])
+    for cut in (whole[: whole.index("</")], whole[: whole.index("</") + 2]):  # the budget ends in the closing tag
+        assert parse_calls(cut) == ("", calls[:1])
+    with pytest.raises(ValueError, match="no closing tag"):
+        parse_calls(whole.replace("</tool_call>", "</tool"  + "x>"))
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
@@ -469,7 +474,7 @@ def test_a_template_with_mistral_calls_gets_lists_of_calls_with_ids(mistral_mode
     assert engine.renderer.with_tools([ADD_SPEC]).conversation_ids(ours, RenderedSegments()) == expected
 
 
-def test_calls_in_a_list_syntax_round_trip_and_a_cut_list_is_refused() -> None:
+def test_calls_in_a_list_syntax_round_trip_and_a_list_cut_inside_a_call_is_refused() -> None:
     calls = [ToolCall("add", {"a": 1, "b": 2}, "a1b2c3d4e"), ToolCall("add", {"a": 3, "b": 4}, "call_0123456789")]
     text = calls_text(calls, MISTRAL_SYNTAX)
     short = calls_text([calls[1]], MISTRAL_SYNTAX)[len("[TOOL_CALLS][") : -1]
@@ -478,7 +483,9 @@ def test_calls_in_a_list_syntax_round_trip_and_a_cut_list_is_refused() -> None:
     assert head == "Sure. " and [(c.name, c.arguments) for c in parsed] == [(c.name, c.arguments) for c in calls]
     assert parsed[0].id == "a1b2c3d4e" and len(parsed[1].id) == 9  # a long id is written shortened
     with pytest.raises(ValueError, match="cut short"):
-        parse_calls(text[:-1], MISTRAL_SYNTAX)
+        parse_calls(text[:-3], MISTRAL_SYNTAX)
+    # Cut only in its closing bracket, the list's calls are whole.
+    assert [c.arguments for c in parse_calls(text[:-1], MISTRAL_SYNTAX)[1]] == [c.arguments for c in calls]
     with pytest.raises(ValueError, match="after the calls"):
         parse_calls(text + " and more", MISTRAL_SYNTAX)
     one = call_format([Tool("add", "Add.", _args_schema(add))], "any", parallel=True, syntax=MISTRAL_SYNTAX)

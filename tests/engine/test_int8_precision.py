@@ -1,5 +1,6 @@
-"""The int8 mode (`chatcache.model.int8_matmul`): close to fp32, each row independent of the other
-rows, a model of its own identity, and the token tier working on it."""
+"""The int8 precision (`chatcache.model.int8_precision`): close to fp32, each row independent of
+the other rows, a model of its own identity, and turns on reused or restored KV the same as a
+full recompute."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from chatcache import ChatModel, ConfigError, TokenTierConfig, load_chat_model
 from chatcache.model.generation import forward
-from chatcache.model.int8_matmul import Int8Linear, use_int8_matmul
+from chatcache.model.int8_precision import Int8Linear, float64_attention, use_int8_matmul
 from chatcache.tiers.kv import new_cache
 
 SYSTEM = "You are a customer-service assistant for a bank. Answer briefly."
@@ -64,11 +66,13 @@ def test_swapping_frees_nothing_tied_and_leaves_hooked_layers() -> None:
         assert float((model["head"](hidden) - exact).abs().max()) < 0.02 * float(exact.abs().max())
 
 
-def test_loading_in_int8_is_another_model_with_another_identity(int8_tiny: ChatModel, tiny_model: ChatModel, tiny_model_dir: Path) -> None:
+def test_int8_is_another_model_than_exact_with_another_identity(int8_tiny: ChatModel, tiny_model: ChatModel, tiny_model_dir: Path) -> None:
     assert int8_tiny is not tiny_model
     assert (int8_tiny.precision, tiny_model.precision) == ("int8", "exact")  # exact unless asked
     assert int8_tiny.identity == tiny_model.identity + "+int8"  # spilled KV and answers never cross modes
     assert [name for name, m in int8_tiny.model.named_modules() if type(m) is nn.Linear] == []
+    assert int8_tiny.model.config._attn_implementation == "chatcache_float64"
+    assert tiny_model.model.config._attn_implementation == "sdpa"
     assert load_chat_model(str(tiny_model_dir), device="cpu", precision="int8") is int8_tiny
 
 
@@ -79,8 +83,27 @@ def test_a_precision_that_cannot_be_had_is_a_clear_error(tiny_model_dir: Path) -
         load_chat_model(str(tiny_model_dir), device="cpu", dtype=torch.bfloat16, precision="int8")
 
 
-def test_int8_turns_reuse_and_restore_kv_close_to_a_recompute(make_engine, int8_tiny: ChatModel, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Not equal, close: rounding to int8 turns last-bit differences of the fp32 attention into steps."""
+def test_float64_attention_is_sdpa_and_a_query_alone_is_its_row_of_the_prompt() -> None:
+    """Grouped heads, causal order, a padded batch row: the same as sdpa to fp32's rounding, and
+    the last query on its own bit for bit what it is in the whole prompt (what fp32 sdpa is not)."""
+    torch.manual_seed(2)
+    attention = nn.Module().eval()
+    query, key, value = torch.randn(2, 6, 40, 16), torch.randn(2, 2, 40, 16), torch.randn(2, 2, 40, 16)
+    causal = torch.ones(40, 40).tril().bool()
+    mask = causal.expand(2, 1, 40, 40).clone()
+    mask[1, :, :, 30:] = False  # row 1 is padded after 30 positions
+    got, _ = float64_attention(attention, query, key, value, mask, scaling=0.25)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.25, enable_gqa=True)
+    torch.testing.assert_close(got, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    unmasked, _ = float64_attention(attention, query, key, value, None, scaling=0.25)  # causal when left out
+    assert torch.equal(unmasked[0], got[0])
+    alone, _ = float64_attention(attention, query[:, :, -1:], key, value, None, scaling=0.25)
+    assert torch.equal(alone[0], got[0, -1:])
+
+
+def test_int8_turns_on_reused_and_restored_kv_are_a_full_recompute(make_engine, int8_tiny: ChatModel, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The reply tokens were decoded one at a time and the session restored from disk; a prompt
+    computed in one piece gives the same logits, bit for bit."""
     engine = make_engine(int8_tiny, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
     engine.chat("s", TURNS[0], max_new_tokens=8)
     engine.token_tier.unload("s")
@@ -90,4 +113,4 @@ def test_int8_turns_reuse_and_restore_kv_close_to_a_recompute(make_engine, int8_
     probe = int8_tiny.tokenizer.encode("And", add_special_tokens=False)
     reused = forward(int8_tiny.model, probe, entry.cache)
     full = forward(int8_tiny.model, entry.ids + probe, new_cache(int8_tiny.model.config))
-    assert float((reused - full).abs().max()) < 0.05 * float(full.abs().max())
+    assert torch.equal(reused, full)
