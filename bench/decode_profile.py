@@ -245,7 +245,7 @@ def reuse_agreement(chat_model: ChatModel, system: str, prompts: list[str], max_
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
             model(input_ids=ids[:, : len(prefix)], cache=cache, use_cache=True)
-        reused = model.generate(ids, past_key_values=cache, max_new_tokens=max_new_tokens, do_sample=False)
+        reused = model.generate(ids, cache=cache, max_new_tokens=max_new_tokens, do_sample=False)
         full = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         same += int(torch.equal(reused, full))
     return {"replies": len(prompts), "prefix_tokens": len(prefix), "same_as_full_recompute": round(same / len(prompts), 3)}
