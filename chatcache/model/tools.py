@@ -275,8 +275,8 @@ def parse_calls(text: str, syntax: CallSyntax = HERMES) -> tuple[str, list[ToolC
             if rest and (syntax.between is None or not rest.startswith(separator)):
                 raise ValueError(f"text after a call: {rest[:40]!r}")
             rest = rest[len(separator) :].lstrip() if syntax.between else rest
-        if syntax.joined and closing:  # the list's last call is whole, its closing cut off by the budget
-            return head, calls
+        if syntax.joined and not (closing and calls):  # a list cut after a whole call keeps it; an empty one is cut short
+            raise ValueError("no closing tag")
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"The model's tool call is cut short or malformed ({error}): {text!r}") from None
     return head, calls

@@ -484,6 +484,8 @@ def test_calls_in_a_list_syntax_round_trip_and_a_list_cut_inside_a_call_is_refus
     assert parsed[0].id == "a1b2c3d4e" and len(parsed[1].id) == 9  # a long id is written shortened
     with pytest.raises(ValueError, match="cut short"):
         parse_calls(text[:-3], MISTRAL_SYNTAX)
+    with pytest.raises(ValueError, match="cut short"):  # opened, and cut before its first call
+        parse_calls("Sure. [TOOL_CALLS][", MISTRAL_SYNTAX)
     # Cut only in its closing bracket, the list's calls are whole.
     assert [c.arguments for c in parse_calls(text[:-1], MISTRAL_SYNTAX)[1]] == [c.arguments for c in calls]
     with pytest.raises(ValueError, match="after the calls"):
