@@ -11,7 +11,7 @@ The bundled model decodes one token per step, reading every weight once: 135M pa
     (`_weight_int4pack_mm_for_cpu`, the layout of the GGUF's Q4_1), each against fp32;
   * `torch.compile` of the whole decode step on a static cache (the shape it needs to compile
     once), against the same step in eager mode;
-  * the default precision of the bundled model on the CPU (`chatcache.model.int8_precision`:
+  * the opt-in int8 precision of the bundled model on the CPU (`chatcache.model.int8_precision`:
     every linear layer's product in int8, attention in float64), against the exact fp32 mode,
     interleaved: the decode step, the weights' resident bytes, and what it changes: perplexity
     on SGD dev conversations, the share of positions with the same greedy next token, and the
@@ -177,14 +177,18 @@ def interleaved_steps(models: dict[str, Any], contexts: tuple[int, ...], repeats
     }
 
 
+def template_ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> list[int]:
+    """The messages in the model's chat template as token ids (transformers gives a list or an encoding)."""
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
 def conversation_ids(chat_model: ChatModel, data: Any, dialogues: int, max_tokens: int = 512) -> list[torch.Tensor]:
     """SGD dev conversations (user and system turns) in the model's chat template, cut at `max_tokens`."""
     conversations = []
     for pairs in sgd_exchanges(data, dialogues, min_turns=2):
         messages = [m for user, system in pairs for m in ({"role": "user", "content": user}, {"role": "assistant", "content": system})]
-        ids = chat_model.tokenizer.apply_chat_template(messages, tokenize=True)
-        ids = ids["input_ids"] if not isinstance(ids, list) else ids
-        conversations.append(torch.tensor([ids[:max_tokens]]))
+        conversations.append(torch.tensor([template_ids(chat_model.tokenizer, messages)[:max_tokens]]))
     return conversations
 
 
@@ -213,8 +217,7 @@ def greedy_reply_agreement(exact: ChatModel, other: ChatModel, prompts: list[str
     """Greedy replies of both modes to the same user turns: how many are the same, and where the others part."""
     same, parted_at = 0, []
     for prompt in prompts:
-        ids = exact.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt")
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        ids = torch.tensor([template_ids(exact.tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True)])
         replies = [
             m.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)[0, ids.shape[1] :].tolist() for m in (exact, other)
         ]
@@ -234,13 +237,11 @@ def greedy_reply_agreement(exact: ChatModel, other: ChatModel, prompts: list[str
 def reuse_agreement(chat_model: ChatModel, system: str, prompts: list[str], max_new_tokens: int) -> dict[str, Any]:
     """Greedy replies on the system prompt's KV computed beforehand, against the same replies computed from nothing."""
     tokenizer, model = chat_model.tokenizer, chat_model.model
-    prefix = tokenizer.apply_chat_template([{"role": "system", "content": system}], tokenize=True)
-    prefix = prefix["input_ids"] if not isinstance(prefix, list) else prefix
+    prefix = template_ids(tokenizer, [{"role": "system", "content": system}])
     same = 0
     for prompt in prompts:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        ids = torch.tensor([template_ids(tokenizer, messages, add_generation_prompt=True)])
         assert ids[0, : len(prefix)].tolist() == prefix, "the system turn renders the same alone"
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
