@@ -33,6 +33,7 @@ import torch
 from transformers import DynamicCache
 
 from chatcache import ChatEngine, Reply, TokenTierConfig, load_chat_model
+from chatcache.model.intra_op_threads import model_threads
 
 from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_user_turns
 from .peers import PeerError, start_peers
@@ -103,6 +104,7 @@ def converse(
     }, rounds
 
 
+@model_threads()  # timed in this thread: on the threads the engine's worker has
 def raw_forward_limit(model: Any, rounds: list[list[Shape]]) -> dict[str, Any]:
     """The same work on the bare model: what an engine with no overhead at all could reach.
 

@@ -39,6 +39,8 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache, StaticCache
 
 from chatcache import ChatModel, load_chat_model
+from chatcache.config import GenerationConfig
+from chatcache.model.intra_op_threads import model_threads, take_intra_op_threads
 
 from .common import BenchRun, bench_arguments, schema_system_prompt, sgd_exchanges, sgd_user_turns
 
@@ -165,13 +167,34 @@ def resident_weight_bytes(model: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def interleaved_steps(models: dict[str, Any], contexts: tuple[int, ...], repeats: int, rounds: int) -> dict[str, Any]:
-    """Decode-step medians of each model, taken in alternation so that the machine's drift hits all alike."""
-    timings: dict[str, dict[int, list[float]]] = {name: {c: [] for c in contexts} for name in models}
+def engine_decode_ms(chat_model: ChatModel, context: int, tokens: int) -> float:
+    """Milliseconds a token of one reply decoded by the model's worker (the engine's path), after its first."""
+    prompt = torch.randint(100, 1000, (context,)).tolist()
+    request = chat_model.scheduler.submit(DynamicCache(config=chat_model.model.config), prompt, GenerationConfig(max_new_tokens=tokens + 1), set())
+    tokens_out = iter(request)
+    next(tokens_out)
+    started = time.perf_counter()
+    decoded = sum(1 for _ in tokens_out)
+    return (time.perf_counter() - started) / decoded * 1000
+
+
+def raw_step_ms(model: Any, repeats: int) -> Callable[[int], float]:
+    """`decode_step` in this thread on the threads the model's worker has (see `model_threads`)."""
+
+    def measure(context: int) -> float:
+        with model_threads():
+            return decode_step(model, context, repeats)[0]
+
+    return measure
+
+
+def interleaved_steps(measures: dict[str, Callable[[int], float]], contexts: tuple[int, ...], rounds: int) -> dict[str, Any]:
+    """Decode-step medians of each measure, taken in alternation so that the machine's drift hits all alike."""
+    timings: dict[str, dict[int, list[float]]] = {name: {c: [] for c in contexts} for name in measures}
     for _ in range(rounds):
         for context in contexts:
-            for name, model in models.items():
-                timings[name][context].append(decode_step(model, context, repeats)[0])
+            for name, measure in measures.items():
+                timings[name][context].append(measure(context))
     return {
         name: {str(c): round(statistics.median(v), 1) for c, v in by_context.items()} for name, by_context in timings.items()
     }
@@ -260,31 +283,37 @@ def main() -> None:
     run = BenchRun("decode_profile", args, minutes=(8, 4))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     exact = load_chat_model("bundled", device="cpu", precision="exact")
+    int8 = load_chat_model("bundled", device="cpu", precision="int8")
     model = exact.model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    steps = {}
-    for context in (200, 1000):
-        steps[context], step = decode_step(model, context, repeats)
-    run.section("decode_step_ms", {str(k): round(v, 1) for k, v in steps.items()})
-    run.section("profile_at_200", operator_shares(decode_step(model, 200, 1)[1], repeats))
-    bandwidth = copy_bandwidth_gb_s()
-    floor_ms = weight_bytes / (bandwidth * 1e9) * 1000
-    run.section("bandwidth", {
-        "weight_bytes": weight_bytes,
-        "copy_gb_s": round(bandwidth, 1),
-        "fp32_weights_floor_ms": round(floor_ms, 1),
-        "step_to_floor_at_200": round(steps[200] / floor_ms, 2),
-    })  # fmt: skip
-    run.section("torch_compile_at_200", compiled_decode(model, 200, repeats))
-    kernels = weight_kernels(model, repeats * 5)
-    run.section("weight_only_kernels", kernels)
-    int8 = load_chat_model("bundled", device="cpu", precision="int8")
-    steps_by_mode = interleaved_steps({"exact": model, "int8": int8.model}, (200, 1000), repeats, rounds=2 if args.quick else 4)
+    with model_threads():
+        steps = {context: decode_step(model, context, repeats)[0] for context in (200, 1000)}
+        run.section("decode_step_ms", {str(k): round(v, 1) for k, v in steps.items()})
+        run.section("profile_at_200", operator_shares(decode_step(model, 200, 1)[1], repeats))
+        bandwidth = copy_bandwidth_gb_s()
+        floor_ms = weight_bytes / (bandwidth * 1e9) * 1000
+        run.section("bandwidth", {
+            "weight_bytes": weight_bytes,
+            "copy_gb_s": round(bandwidth, 1),
+            "fp32_weights_floor_ms": round(floor_ms, 1),
+            "step_to_floor_at_200": round(steps[200] / floor_ms, 2),
+        })  # fmt: skip
+        run.section("torch_compile_at_200", compiled_decode(model, 200, repeats))
+        kernels = weight_kernels(model, repeats * 5)
+        run.section("weight_only_kernels", kernels)
+    steps_by_mode = interleaved_steps({
+        "exact": raw_step_ms(model, repeats),
+        "int8": raw_step_ms(int8.model, repeats),
+        "engine_exact": lambda context: engine_decode_ms(exact, context, repeats),
+        "engine_int8": lambda context: engine_decode_ms(int8, context, repeats),
+    }, (200, 1000), rounds=2 if args.quick else 4)  # fmt: skip
     run.section("int8_mode_decode_step_ms", {
         **steps_by_mode,
         "speedup": {c: round(steps_by_mode["exact"][c] / steps_by_mode["int8"][c], 2) for c in steps_by_mode["exact"]},
+        "engine_speedup": {c: round(steps_by_mode["engine_exact"][c] / steps_by_mode["engine_int8"][c], 2) for c in steps_by_mode["exact"]},
         "resident_weight_bytes": {"exact": resident_weight_bytes(model), "int8": resident_weight_bytes(int8.model)},
     })  # fmt: skip
+    take_intra_op_threads()  # the rest times nothing beside the engine
     conversations = conversation_ids(exact, args.data, 10 if args.quick else 40)
     run.section("int8_mode_quality", perplexity_and_agreement(model, int8.model, conversations))
     prompts = [turns[0] for _, turns in sgd_user_turns(args.data, 10 if args.quick else 40, min_turns=1)]

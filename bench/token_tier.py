@@ -30,6 +30,7 @@ import torch
 from chatcache import ChatEngine, TokenTierConfig, load_chat_model
 from chatcache.config import GenerationConfig
 from chatcache.model.generation import forward, generate_tokens, prefill
+from chatcache.model.intra_op_threads import model_threads
 from chatcache.tiers.kv import clone, crop_to, from_tensors, kv_bytes_per_token, new_cache, to_tensors
 from chatcache.tiers.kv_spill import SpillStore
 
@@ -38,6 +39,7 @@ from .common import BenchRun, bench_arguments, median, schema_system_prompt, sgd
 LONG_HISTORY = 1500
 
 
+@model_threads()  # timed in this thread: on the threads the engine's worker has
 def naive_ttft(model: Any, prompt: list[int]) -> float:
     """What a plain transformers bot pays for its first token: the whole prompt, every turn."""
     input_ids = torch.tensor([prompt])
@@ -45,6 +47,7 @@ def naive_ttft(model: Any, prompt: list[int]) -> float:
     return seconds
 
 
+@model_threads()  # timed in this thread: on the threads the engine's worker has
 def limit_ttft(model: Any, prompt: list[int], cached: Any, reused: int) -> float:
     """Prefill of only the uncached tokens on a cache built beforehand: no engine can beat it."""
     cache = clone(cached, model.config)
@@ -82,6 +85,7 @@ def conversations(
     return rows
 
 
+@model_threads()  # timed in this thread: on the threads the engine's worker has
 def restore_vs_recompute(engine: ChatEngine, tokens: int, workdir: Path, repeats: int = 3) -> dict[str, Any]:
     """Time bringing back a spilled `tokens`-long session against computing its KV again."""
     model = engine.chat_model.model
@@ -146,6 +150,7 @@ def budget_run(
     }
 
 
+@model_threads()  # timed in this thread: on the threads the engine's worker has
 def decode_speeds(model: Any, prompt: list[int], tokens: int = 33, runs: int = 2, warm_up: bool = True) -> dict[str, float]:
     """Decode tokens/s on one prompt: chatcache's loop against plain `model.generate`, interleaved."""
     input_ids = torch.tensor([prompt])

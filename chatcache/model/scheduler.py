@@ -37,6 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .batch_kv import BatchKV
 from ..config import GenerationConfig
 from .generation import REPEAT_WINDOW, GeneratedToken, forward, next_token
+from .intra_op_threads import give_up_intra_op_threads, release_openmp_pool, take_intra_op_threads
 from .reply_format import FormatError, FormatMatcher
 
 PREFILL_CHUNK = 512  # prompt tokens one step prefills of one arriving request
@@ -137,8 +138,11 @@ class Scheduler:
         self._closed = False
         self.peak_running = 0  # the most requests one decode step has run together
         self.rates = StepRates()  # written by the worker only
-        self._worker = threading.Thread(target=self._work, name="chatcache-model", daemon=True)
+        threads_taken = threading.Event()
+        self._worker = threading.Thread(target=self._work, args=(threads_taken,), name="chatcache-model", daemon=True)
         self._worker.start()
+        threads_taken.wait()
+        give_up_intra_op_threads()  # after the worker took them: only its thread makes an OpenMP pool
 
     def submit(
         self,
@@ -181,10 +185,13 @@ class Scheduler:
 
     # -- the worker ---------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, threads_taken: threading.Event) -> None:
+        take_intra_op_threads()
+        threads_taken.set()
         while True:
             with self._wake:
                 while not (self._closed or self._inbox or self._prefilling or self._running):
+                    release_openmp_pool()  # an idle worker holds no threads another model could use
                     self._wake.wait()
                 if self._closed:
                     break
