@@ -7,7 +7,8 @@ every one of them. So the model worker's operators got slower merely because the
 loaded the model had a pool as well, idle or not. Measured on this project's 2-core machine:
 an elementwise add of 200,000 floats took 17 us from the loading thread and 62 us from a
 second one; `torch._int_mm` of one row by a 1536x576 weight, 15 us and 88 us; one int8 decode
-step of the bundled model in the scheduler's worker at 200 tokens of context, 72 ms instead of 43.
+step of the bundled model in the scheduler's worker at 200 tokens of context, 72 ms before this
+module and 33 ms after it.
 
 So a thread holds a pool only while it runs the model. The loader and the thread that starts
 the model's worker give theirs up: they go down to one intra-op thread and hand the pool back
@@ -63,14 +64,22 @@ def give_up_intra_op_threads() -> None:
     release_openmp_pool()
 
 
-def release_openmp_pool() -> None:
-    """End the threads of this thread's OpenMP pool (libgomp makes a new one when next needed)."""
+def _libgomp() -> ctypes.CDLL | None:
     try:
         openmp = ctypes.CDLL("libgomp.so.1")  # the copy torch loaded: one per soname in a process
-        pause = openmp.omp_pause_resource
+        openmp.omp_pause_resource  # noqa: B018 - OpenMP 5.0's; older libgomp lacks it
     except (OSError, AttributeError):  # another OpenMP runtime, or none (macOS): nothing to hand back
-        return
-    pause(_OMP_PAUSE_SOFT, openmp.omp_get_initial_device())
+        return None
+    return openmp
+
+
+_openmp = _libgomp()  # looked up once: the worker hands its pool back every time it goes idle
+
+
+def release_openmp_pool() -> None:
+    """End the threads of this thread's OpenMP pool (libgomp makes a new one when next needed)."""
+    if _openmp is not None:
+        _openmp.omp_pause_resource(_OMP_PAUSE_SOFT, _openmp.omp_get_initial_device())
 
 
 @contextmanager
