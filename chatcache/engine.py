@@ -58,6 +58,7 @@ from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
 from .tiers.residency import KeyLocks, MemoryConfig, ResidentSessions
 from .tiers.token_tier import TokenTier, TokenTierStats
 from .tiers.turn_tier import TurnTier, TurnTierConfig
+from .worker_threads import close_at_exit
 
 
 ROLES = ("system", "user", "assistant", "tool")  # a tool message brings one call's result back (`complete`)
@@ -338,6 +339,7 @@ class ChatEngine:
         check_storable(text)
         holder: list[Reply] = []
         pieces = self._counted(self._run_turn(session_id, text, params, holder, admit))
+        close_at_exit(pieces)  # a turn still open at exit checks its KV in while torch can still run
         return ReplyStream(pieces, lambda: holder[0] if holder else None)
 
     def astream(

@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..worker_threads import close_at_exit
 from .keys import normalize
 
 log = logging.getLogger("chatcache")
@@ -86,6 +87,7 @@ class Prefetcher:
         self.cancelled = 0
         self._thread = threading.Thread(target=self._run, name="chatcache-prefetch", daemon=True)
         self._thread.start()
+        close_at_exit(self)
 
     def after_turn(self, session_id: str, history: list[tuple[str, str | None]]) -> None:
         """Learn from the session's latest transition and queue what probably comes next."""

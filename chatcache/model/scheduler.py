@@ -36,6 +36,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .batch_kv import BatchKV
 from ..config import GenerationConfig
+from ..worker_threads import close_at_exit
 from .generation import REPEAT_WINDOW, GeneratedToken, forward, next_token
 from .intra_op_threads import give_up_intra_op_threads, release_openmp_pool, take_intra_op_threads
 from .reply_format import FormatError, FormatMatcher
@@ -141,6 +142,7 @@ class Scheduler:
         threads_taken = threading.Event()
         self._worker = threading.Thread(target=self._work, args=(threads_taken,), name="chatcache-model", daemon=True)
         self._worker.start()
+        close_at_exit(self)
         threads_taken.wait()
         give_up_intra_op_threads()  # after the worker took them: only its thread makes an OpenMP pool
 
