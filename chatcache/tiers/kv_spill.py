@@ -13,6 +13,12 @@ and leaves nothing behind; one cut short by a kill leaves its temporary file, wh
 store to open the directory deletes. The writer holds an advisory lock on its temporary file,
 so a live writer's file (another thread or process on the same directory) is never taken for
 a leftover; while temporary files exist they count against the disk budget.
+
+Admission control asks for a spilled session's ids on the event loop, for every request, so
+the store remembers the ids of the files it wrote or read, keyed by the file's inode, size and
+mtime: a file replaced since (by another process on the same directory) is read again. They are
+kept as 4-byte ids within a byte bound (a list of Python ints takes 36 bytes an id), so that
+thousands of spilled sessions cost a few MiB, not hundreds.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from cachetools import LRUCache
 from safetensors.torch import load_file, save
 
 log = logging.getLogger("chatcache")
@@ -34,6 +44,11 @@ FORMAT = "chatcache-kv/1"
 # Temporary names: ours (`<file>.tmp<pid>.<thread>`), and safetensors' own `.tmpXXXXXX`, which
 # earlier versions left when killed while `save_file` wrote.
 TEMPORARY = re.compile(r"[0-9a-f]{32}\.tmp\d+\.\d+|\.tmp[A-Za-z0-9]{6}")
+KNOWN_IDS_BYTES = 8 << 20  # the remembered ids of spill files, about two million tokens
+
+
+def _known_size(known: tuple[tuple[int, int, int], array[int]]) -> int:
+    return sys.getsizeof(known[1])
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,12 @@ def _checksum(tensors: dict[str, torch.Tensor]) -> str:
         digest.update(name.encode())
         digest.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def _version(path: Path) -> tuple[int, int, int]:
+    """What changes whenever a spill file is replaced or rewritten: its inode, size and mtime."""
+    info = path.stat()
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +94,11 @@ class SpillStore:
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
         self.rejected = 0  # files found unusable and deleted
+        # By file name: the file's version, and the ids its KV covers.
+        self._known_ids: LRUCache[str, tuple[tuple[int, int, int], array[int]]] = LRUCache(
+            KNOWN_IDS_BYTES, getsizeof=_known_size
+        )
+        self._known_ids_lock = threading.Lock()
         directory.mkdir(parents=True, exist_ok=True)
         self._remove_leftovers()
 
@@ -117,6 +143,7 @@ class SpillStore:
         except BaseException:
             staging.unlink(missing_ok=True)
             raise
+        self._remember_ids(target, ids)
         self._enforce_budget(keep=target)
         return len(data)
 
@@ -159,19 +186,37 @@ class SpillStore:
             raise ValueError("KV length does not match its ids")
         return SpilledKV(ids=ids, layers=layers)
 
-    def spilled_ids(self, session_id: str) -> list[int] | None:
-        """The token ids a session's spilled KV covers, read without its tensors; None if none or unreadable."""
+    def spilled_ids(self, session_id: str) -> Sequence[int] | None:
+        """The token ids a session's spilled KV covers, without reading its tensors (and without
+        reading the file at all when it is the one this store last wrote or read); None if none
+        or unreadable."""
         from safetensors import safe_open
 
         path = self.path(session_id)
-        if not path.is_file():
+        try:
+            version = _version(path)
+        except OSError:
             return None
+        with self._known_ids_lock:
+            known = self._known_ids.get(path.name)
+        if known is not None and known[0] == version:
+            return known[1]
         try:
             with safe_open(str(path), framework="pt") as handle:
-                ids: list[int] = handle.get_tensor("ids").tolist()
-                return ids
+                ids = array("i", handle.get_tensor("ids").tolist())
         except Exception:  # noqa: BLE001 - the restore decides what an unreadable file means
             return None
+        with self._known_ids_lock:
+            self._known_ids[path.name] = (version, ids)
+        return ids
+
+    def _remember_ids(self, path: Path, ids: list[int]) -> None:
+        try:
+            version = _version(path)
+        except OSError:  # already replaced or deleted by another writer: nothing to remember
+            return
+        with self._known_ids_lock:
+            self._known_ids[path.name] = (version, array("i", ids))
 
     def spilled_bytes(self, session_id: str) -> int:
         """The size of a session's spill file; 0 if it has none."""

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +79,7 @@ class TokenTierStats:
     hits: dict[str, int] = field(default_factory=dict)
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for index in range(n):
         if a[index] != b[index]:
@@ -181,7 +181,7 @@ class TokenTier:
         """How many positions of KV the session has now, in memory or on disk (0: none, or in a turn)."""
         return len(self._held_ids(session_id))
 
-    def _held_ids(self, session_id: str) -> list[int]:
+    def _held_ids(self, session_id: str) -> Sequence[int]:
         """The ids of the session's KV in memory, being written, or on disk (read without its tensors)."""
         with self._lock:
             entry = self._sessions.get(session_id) or self._spilling.get(session_id)

@@ -235,3 +235,57 @@ def test_the_least_a_turn_costs_is_what_its_session_holds_and_where(make_engine,
     tier.unload("s")
     on_disk = engine.least_cost(message, "s", max_new_tokens=20)
     assert tier.held_tokens("s") == held and on_disk.kv_tokens == held + new + 20 and on_disk.restore_s > 0
+
+
+def files_opened_for_ids(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The paths `SpillStore.spilled_ids` opens from now on (it reads a file's ids with `safe_open`)."""
+    import safetensors
+
+    opened: list[str] = []
+    real_open = safetensors.safe_open
+
+    def counting_open(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting_open)
+    return opened
+
+
+def test_spilled_ids_are_read_once_per_file_and_again_when_another_writer_replaces_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Admission asks for a spilled session's ids on the event loop at every request: the store
+    answers from memory for the file it wrote, and reads a file another process wrote since."""
+    from chatcache.tiers.kv_spill import SpillStore
+
+    opened = files_opened_for_ids(monkeypatch)
+    layers = [(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))]
+    ours, other_process = (SpillStore(tmp_path, "weights", "template", int8=False, budget_bytes=10**8) for _ in range(2))
+    ours.save("s", [1, 2, 3, 4, 5], layers)
+    assert [list(ours.spilled_ids("s") or []) for _ in range(3)] == [[1, 2, 3, 4, 5]] * 3 and opened == []
+    longer = [(torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4))]
+    other_process.save("s", [9, 8, 7, 6, 5, 4, 3], longer)
+    assert list(ours.spilled_ids("s") or []) == [9, 8, 7, 6, 5, 4, 3] and len(opened) == 1
+    assert list(ours.spilled_ids("s") or []) == [9, 8, 7, 6, 5, 4, 3] and len(opened) == 1  # remembered after that read
+    assert ours.spilled_ids("nobody") is None
+    other_process.discard("s")
+    assert ours.spilled_ids("s") is None
+
+
+def test_the_remembered_spilled_ids_stay_within_their_byte_bound(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Thousands of spilled sessions must not hold their ids as Python lists forever: past the
+    bound the least recently used are forgotten, and asking for one reads its file again."""
+    import sys
+
+    from chatcache.tiers import kv_spill
+
+    monkeypatch.setattr(kv_spill, "KNOWN_IDS_BYTES", 4096)
+    opened = files_opened_for_ids(monkeypatch)
+    store = kv_spill.SpillStore(tmp_path, "weights", "template", int8=False, budget_bytes=10**9)
+    ids = {f"s{n}": list(range(1000 + n, 1000 + n + 100)) for n in range(40)}  # 40 x 100 ids: 16 KB as int32
+    for session, session_ids in ids.items():
+        store.save(session, session_ids, [(torch.zeros(1, 1, 100, 2), torch.zeros(1, 1, 100, 2))])
+    remembered = store._known_ids
+    assert 0 < remembered.currsize <= 4096 and len(remembered) < len(ids)
+    assert all(sys.getsizeof(value[1]) < 8 * 100 for value in remembered.values())  # 4 bytes an id, not 36
+    assert list(store.spilled_ids("s39") or []) == ids["s39"] and opened == []  # the latest is remembered
+    assert list(store.spilled_ids("s0") or []) == ids["s0"] and len(opened) == 1  # the first was forgotten: read again
