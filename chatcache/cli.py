@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -194,8 +195,16 @@ def _serve(args: argparse.Namespace) -> int:
         create_app(settings), host=settings.host, port=settings.port,
         timeout_graceful_shutdown=int(math.ceil(settings.drain_seconds)), log_level="info",
     )  # fmt: skip
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, _stopped)  # uvicorn raises the signal again once it has drained and shut down
     uvicorn.Server(config).run()
     return 0
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """A stop asked for by a signal ends the process with 0 (the graceful shutdown is what was
+    asked for), through the interpreter's own exit, so everything closed at exit is closed."""
+    raise SystemExit(0)
 
 
 def _cluster(args: argparse.Namespace) -> int:

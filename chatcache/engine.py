@@ -262,6 +262,7 @@ class ChatEngine:
         self._busy_lock = threading.Lock()
         self._tool_embed: Embed | None = None  # the tool router's, loaded on the first call with tools
         self.prefetcher = self.answers.prefetcher(store, self._prefetch, lambda: self._busy > 0) if prefetch and self.answers else None
+        close_at_exit(self)  # a script that never closes its engine still spills its KV and closes its database
 
     @property
     def embed(self) -> Embed | None:
@@ -662,7 +663,8 @@ class ChatEngine:
 
         The next process on the same data directory continues each conversation from the
         database and restores its KV from disk instead of recomputing it. The model's worker
-        goes on serving other engines on the same model (`ChatModel.close` stops it).
+        goes on serving other engines on the same model (`ChatModel.close` stops it). Closing
+        again does nothing more; an engine still open when the interpreter exits is closed then.
         """
         if self.prefetcher is not None:
             self.prefetcher.close()

@@ -10,6 +10,8 @@ from typing import Any
 
 from dialog import ActionOutcome, State
 
+from .worker_threads import close_at_exit
+
 
 @dataclass
 class TurnStats:
@@ -123,9 +125,11 @@ class AsyncReplyStream:
         self._stop = threading.Event()
         self._ended = asyncio.Event()
         loop = asyncio.get_running_loop()
-        threading.Thread(
+        self._turn_thread = threading.Thread(
             target=_relay, args=(stream, loop, self._pieces, self._stop, self._ended), name="chatcache-turn", daemon=True
-        ).start()
+        )
+        self._turn_thread.start()
+        close_at_exit(self)
 
     def __aiter__(self) -> AsyncReplyStream:
         return self
@@ -146,6 +150,12 @@ class AsyncReplyStream:
         """Cancel the generation and wait until the turn has recorded what it generated."""
         self._stop.set()
         await self._ended.wait()
+
+    def close(self) -> None:
+        """Cancel the generation and wait, blocking, until the turn's thread has ended (at exit:
+        that thread runs torch, which must not be running when the interpreter finalizes)."""
+        self._stop.set()
+        self._turn_thread.join()
 
     def __del__(self) -> None:
         self._stop.set()

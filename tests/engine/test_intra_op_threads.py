@@ -63,3 +63,64 @@ def test_a_block_timing_the_raw_model_takes_the_threads_and_gives_them_back() ->
         return inside, torch.get_num_threads()
 
     assert _run_in_new_thread(inside_and_after) == (worker_thread_count(), 1)
+
+
+HAND_BACK_UNDER_THREADS = r"""
+import os, threading, time, torch
+from chatcache.model.intra_op_threads import release_openmp_pool
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+a, b = torch.randn(200_000), torch.randn(200_000)
+m = torch.randn(256, 256)
+added, product = a + b, m @ m
+
+def ended_by_hand_back():
+    torch.set_num_threads(3)  # a pool of two threads besides this one
+    a + b
+    release_openmp_pool()  # torch's own lazily made threads are there from now on
+    a + b
+    pooled = tasks()
+    release_openmp_pool()
+    deadline = time.monotonic() + 5
+    while tasks() > pooled - 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pooled - tasks()
+
+ended = []
+alone = threading.Thread(target=lambda: ended.append(ended_by_hand_back()))
+alone.start()
+alone.join()
+
+wrong = []
+def run():
+    torch.set_num_threads(2)  # each thread makes a pool of its own, as the model worker does
+    for _ in range(150):
+        if not torch.equal(a + b, added) or not torch.allclose(m @ m, product, rtol=1e-4, atol=1e-3):
+            wrong.append(1)
+        release_openmp_pool()  # while the other threads run their parallel operators
+
+workers = [threading.Thread(target=run) for _ in range(4)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join()
+print(ended[0], len(wrong))
+"""
+
+
+def test_pools_handed_back_from_many_threads_at_once_end_and_compute_right() -> None:
+    """`release_openmp_pool` goes through ctypes into libgomp from several threads while others
+    run parallel operators (the worker when it goes idle, loaders and makers as they give their
+    threads up). In a process of its own, so that a crash shows as its exit status: a thread's
+    pool of two threads ends when handed back; then four threads each run 150 rounds of a
+    parallel add and matmul and hand their pools back, and every result is right."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HAND_BACK_UNDER_THREADS], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pool_threads_ended, wrong = map(int, done.stdout.split())
+    assert pool_threads_ended == 2
+    assert wrong == 0

@@ -15,7 +15,6 @@ import httpx
 
 from chatcache.cluster import free_port
 
-STOPPED = -signal.SIGTERM  # uvicorn re-raises the signal once it has shut down gracefully, as process managers expect
 
 
 def start(model_dir: Path, db: str, data_dir: Path, port: int) -> subprocess.Popen[bytes]:
@@ -61,10 +60,12 @@ def test_sigterm_finishes_the_running_turn_and_the_next_start_continues_from_dis
         assert first_piece.wait(60)
         server.send_signal(signal.SIGTERM)
         reader.join(120)
-        assert server.wait(90) == STOPPED
+        assert server.wait(90) == 0, "a drained server exits 0"
     finally:
         if server.poll() is None:
             server.kill()
+    output = server.stdout.read().decode(errors="replace") if server.stdout else ""
+    assert "terminate called" not in output and "Traceback" not in output, output[-3000:]
     assert pieces[-1] == "[DONE]"  # the turn ran to its end although the server was stopping
     final = json.loads(pieces[-2])
     generated = final["chatcache"]["generated_tokens"]
@@ -82,4 +83,4 @@ def test_sigterm_finishes_the_running_turn_and_the_next_start_continues_from_dis
         assert after["usage"]["prompt_tokens_details"]["cached_tokens"] > generated  # the whole first turn came back
     finally:
         server.send_signal(signal.SIGTERM)
-        assert server.wait(90) == STOPPED
+        assert server.wait(90) == 0
