@@ -43,6 +43,7 @@ from storage import default_data_dir
 from storage.engine import DATA_DIR_ENV
 
 from .errors import ConfigError
+from .tiers.spill_keys import GENERATED_KEY_FILE, KEY_ENV, generate_key_file, read_key_file
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 600.0  # replicas load the model and the embedder at once, on shared cores
@@ -95,16 +96,23 @@ def up(
     serve_options: list[str] | None = None,
     balance: Balance = "session",
     own_data_dirs: bool = False,
+    kv_key_file: Path | None = None,
 ) -> ClusterState:
     """Start the database (unless `db` names one), `replicas` replicas and the router on `port`.
+
+    Every replica signs and checks spilled KV with the same keys: those of `kv_key_file`, else
+    `CHATCACHE_KV_KEY` (the replicas inherit the environment), else `kv.key` in the cluster's state
+    directory, generated on the first `up` and kept by `down`, so that the next `up` still
+    restores what the last one spilled. Keys never go through the spill directory.
 
     `balance` and `own_data_dirs` are for measuring what affinity and a shared spill store
     are worth (`bench/replicas.py`): "random" sends each request to any replica, and with
     `own_data_dirs` each replica keeps its spilled KV in `<data dir>/replica-N`.
 
     Raises:
-        ConfigError: a cluster is already up, `replicas` is below 1, a port is taken, or
-            HAProxy or (without `db`) PostgreSQL's server programs are not installed.
+        ConfigError: a cluster is already up, `replicas` is below 1, a port is taken, the key
+            file is unreadable or holds a bad key, or HAProxy or (without `db`) PostgreSQL's
+            server programs are not installed.
         RuntimeError: a process did not start; what was started is stopped again.
     """
     if read_state() is not None:
@@ -119,6 +127,12 @@ def up(
         raise ConfigError(f"Port {port} is taken: pass another with --port.")
     directory = state_path().parent
     directory.mkdir(parents=True, exist_ok=True)
+    if kv_key_file is None and not os.environ.get(KEY_ENV):
+        kv_key_file = generate_key_file(directory / GENERATED_KEY_FILE)
+    key_option: list[str] = []
+    if kv_key_file is not None:
+        read_key_file(kv_key_file)  # a bad key fails here, not in every replica's log
+        key_option = ["--kv-key-file", str(kv_key_file.expanduser().resolve())]
     database_dir = database_user = None
     if db is None:
         database_dir, database_user, db = _start_postgres(free_port())
@@ -127,7 +141,7 @@ def up(
     try:
         for index, replica_port in enumerate(ports[1:]):
             log = directory / f"replica-{index}.log"
-            command = [sys.executable, "-m", "chatcache.cli", "serve", "--host", HOST, "--port", str(replica_port), "--db", db, *(serve_options or [])]
+            command = [sys.executable, "-m", "chatcache.cli", "serve", "--host", HOST, "--port", str(replica_port), "--db", db, *key_option, *(serve_options or [])]
             env = {**os.environ, DATA_DIR_ENV: str(directory.parent / f"replica-{index}")} if own_data_dirs else None
             started.append(_spawn(f"replica-{index}", command, f"http://{HOST}:{replica_port}", log, env))
         _wait_ready(started)
