@@ -127,12 +127,8 @@ def up(
         raise ConfigError(f"Port {port} is taken: pass another with --port.")
     directory = state_path().parent
     directory.mkdir(parents=True, exist_ok=True)
-    if kv_key_file is None and not os.environ.get(KEY_ENV):
-        kv_key_file = generate_key_file(directory / GENERATED_KEY_FILE)
-    key_option: list[str] = []
-    if kv_key_file is not None:
-        read_key_file(kv_key_file)  # a bad key fails here, not in every replica's log
-        key_option = ["--kv-key-file", str(kv_key_file.expanduser().resolve())]
+    kv_key_file = replica_key_file(directory, kv_key_file)
+    key_option = ["--kv-key-file", str(kv_key_file)] if kv_key_file is not None else []
     database_dir = database_user = None
     if db is None:
         database_dir, database_user, db = _start_postgres(free_port())
@@ -160,6 +156,21 @@ def up(
             state = ClusterState(Process("router", 0, "", ""), started, db, database_dir, database_user)
         stop(state)
         raise
+
+
+def replica_key_file(directory: Path, given: Path | None) -> Path | None:
+    """The spill key file every replica is given: `given`; else none when `CHATCACHE_KV_KEY` is
+    set, since the replicas inherit the environment; else the cluster's own in `directory`,
+    generated on first use.
+
+    Raises:
+        ConfigError: the file is unreadable or holds a bad key (found here, not in every replica's log).
+    """
+    if given is None and os.environ.get(KEY_ENV):
+        return None
+    path = (given or generate_key_file(directory / GENERATED_KEY_FILE)).expanduser().resolve()
+    read_key_file(path)
+    return path
 
 
 def status() -> dict[str, Any]:
