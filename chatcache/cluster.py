@@ -6,7 +6,8 @@ replica stores reach the others' answer caches); HAProxy pins each conversation 
 by a consistent hash of its session id (the `X-Session-Id` header, else the id in
 `/v1/sessions/{id}/...`), so its KV stays in that replica's memory; the replicas share one data
 directory, so a session that moves restores its spilled KV instead of recomputing it (each
-file is checked against the ids, weights and template it was written for).
+file is checked against the ids, weights and template it was written for, and its signature
+against the one spill key every replica is given: `replica_key_file`).
 
 HAProxy rather than nginx: open-source nginx notices a dead upstream only when a request to it
 fails, while HAProxy checks `GET /ready` on every replica each second and takes one out after

@@ -96,7 +96,7 @@ def _signature(key: bytes, session_id: str, metadata: dict[str, str], tensors: d
         tensor = tensors[name].contiguous()
         add(name.encode())
         add(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
-        add(memoryview(tensor.view(torch.uint8).numpy()).cast("B"))
+        add(tensor.view(torch.uint8).numpy().data.cast("B"))  # the bytes in place, not a copy
     return mac.hexdigest()
 
 
