@@ -99,7 +99,7 @@ def restore_vs_recompute(engine: ChatEngine, tokens: int, workdir: Path, repeats
     identity = (engine.chat_model.identity, engine.renderer.template_hash)
     layers = to_tensors(cache)
     for label, int8 in (("float", False), ("int8", True)):
-        store = SpillStore(workdir / label, *identity, int8=int8, budget_bytes=1 << 34)
+        store = SpillStore(workdir / label, *identity, int8=int8, budget_bytes=1 << 34, keys=engine.token_tier.config.spill_keys)
         store.save("s", ids, layers)
         size = store.path("s").stat().st_size
         restore_s = median([timed(lambda: store.load("s", model.device))[0] for _ in range(repeats)])

@@ -22,6 +22,10 @@ PRECISION_HELP = (
     "a local model's products: exact (default) or int8 (CPU only: about 2x faster decode, reused KV still"
     " exact, replies a little different from exact ones)"
 )
+KV_KEY_FILE_HELP = (
+    "the keys that sign spilled KV, one a line, newest first (default: $CHATCACHE_KV_KEY, else a key generated"
+    " in the data dir); replicas sharing a KV dir need the same keys"
+)
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     serve.add_argument("--db", default=None, help="SQLAlchemy URL of the session database (default: SQLite in the data dir)")
     serve.add_argument("--kv-dir", type=Path, default=None, help="where cold sessions' KV is spilled (default: kv/ in the data dir)")
+    serve.add_argument("--kv-key-file", type=Path, default=None, help=KV_KEY_FILE_HELP)
     serve.add_argument("--system", dest="system_prompt", default=None, help="system prompt (default: the bot's, or a generic one)")
     serve.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
@@ -105,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster_up.add_argument("--db", default=None, help="a PostgreSQL URL to use instead of starting one")
     cluster_up.add_argument("--bot", default=None, help="each replica's bot: a YAML file or a shipped bot name")
     cluster_up.add_argument("--model", default=None, help="each replica's model: 'bundled' (default), a model id or a path")
+    cluster_up.add_argument("--kv-key-file", type=Path, default=None, help=KV_KEY_FILE_HELP + "; default: one generated for the cluster")
     cluster_status = cluster_actions.add_parser("status", help="each replica's URL and process id, the router's, the database URL")
     cluster_status.add_argument("--json", action="store_true", help="print one JSON object")
     cluster_actions.add_parser("down", help="stop the replicas (they drain and spill), the router and the database")
@@ -181,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .serving.keys import KeyFileError
 
     flags = {name: getattr(args, name) for name in (
-        "bot", "model", "precision", "db", "kv_dir", "system_prompt", "host", "port", "ttft_slo", "max_queue", "api_key_file", "rate_limit",
+        "bot", "model", "precision", "db", "kv_dir", "kv_key_file", "system_prompt", "host", "port", "ttft_slo", "max_queue", "api_key_file", "rate_limit",
         "busy_session", "drain_seconds",
     )}  # fmt: skip
     try:
@@ -230,7 +236,7 @@ def _cluster(args: argparse.Namespace) -> int:
     options = [*(["--bot", args.bot] if args.bot else []), *(["--model", args.model] if args.model else [])]
     try:
         _check_bot(args.bot)
-        state = cluster.up(args.replicas, args.port, args.db, options)
+        state = cluster.up(args.replicas, args.port, args.db, options, kv_key_file=args.kv_key_file)
     except (ConfigError, BotDefinitionError, RuntimeError) as error:
         print(f"chatcache cluster up: {error}", file=sys.stderr)
         return 2

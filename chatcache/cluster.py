@@ -6,7 +6,8 @@ replica stores reach the others' answer caches); HAProxy pins each conversation 
 by a consistent hash of its session id (the `X-Session-Id` header, else the id in
 `/v1/sessions/{id}/...`), so its KV stays in that replica's memory; the replicas share one data
 directory, so a session that moves restores its spilled KV instead of recomputing it (each
-file is checked against the ids, weights and template it was written for).
+file is checked against the ids, weights and template it was written for, and its signature
+against the one spill key every replica is given: `replica_key_file`).
 
 HAProxy rather than nginx: open-source nginx notices a dead upstream only when a request to it
 fails, while HAProxy checks `GET /ready` on every replica each second and takes one out after
@@ -43,6 +44,7 @@ from storage import default_data_dir
 from storage.engine import DATA_DIR_ENV
 
 from .errors import ConfigError
+from .tiers.spill_keys import GENERATED_KEY_FILE, KEY_ENV, generate_key_file, read_key_file
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 600.0  # replicas load the model and the embedder at once, on shared cores
@@ -95,16 +97,23 @@ def up(
     serve_options: list[str] | None = None,
     balance: Balance = "session",
     own_data_dirs: bool = False,
+    kv_key_file: Path | None = None,
 ) -> ClusterState:
     """Start the database (unless `db` names one), `replicas` replicas and the router on `port`.
+
+    Every replica signs and checks spilled KV with the same keys: those of `kv_key_file`, else
+    `CHATCACHE_KV_KEY` (the replicas inherit the environment), else `kv.key` in the cluster's state
+    directory, generated on the first `up` and kept by `down`, so that the next `up` still
+    restores what the last one spilled. Keys never go through the spill directory.
 
     `balance` and `own_data_dirs` are for measuring what affinity and a shared spill store
     are worth (`bench/replicas.py`): "random" sends each request to any replica, and with
     `own_data_dirs` each replica keeps its spilled KV in `<data dir>/replica-N`.
 
     Raises:
-        ConfigError: a cluster is already up, `replicas` is below 1, a port is taken, or
-            HAProxy or (without `db`) PostgreSQL's server programs are not installed.
+        ConfigError: a cluster is already up, `replicas` is below 1, a port is taken, the key
+            file is unreadable or holds a bad key, or HAProxy or (without `db`) PostgreSQL's
+            server programs are not installed.
         RuntimeError: a process did not start; what was started is stopped again.
     """
     if read_state() is not None:
@@ -119,6 +128,8 @@ def up(
         raise ConfigError(f"Port {port} is taken: pass another with --port.")
     directory = state_path().parent
     directory.mkdir(parents=True, exist_ok=True)
+    kv_key_file = replica_key_file(directory, kv_key_file)
+    key_option = ["--kv-key-file", str(kv_key_file)] if kv_key_file is not None else []
     database_dir = database_user = None
     if db is None:
         database_dir, database_user, db = _start_postgres(free_port())
@@ -127,7 +138,7 @@ def up(
     try:
         for index, replica_port in enumerate(ports[1:]):
             log = directory / f"replica-{index}.log"
-            command = [sys.executable, "-m", "chatcache.cli", "serve", "--host", HOST, "--port", str(replica_port), "--db", db, *(serve_options or [])]
+            command = [sys.executable, "-m", "chatcache.cli", "serve", "--host", HOST, "--port", str(replica_port), "--db", db, *key_option, *(serve_options or [])]
             env = {**os.environ, DATA_DIR_ENV: str(directory.parent / f"replica-{index}")} if own_data_dirs else None
             started.append(_spawn(f"replica-{index}", command, f"http://{HOST}:{replica_port}", log, env))
         _wait_ready(started)
@@ -146,6 +157,21 @@ def up(
             state = ClusterState(Process("router", 0, "", ""), started, db, database_dir, database_user)
         stop(state)
         raise
+
+
+def replica_key_file(directory: Path, given: Path | None) -> Path | None:
+    """The spill key file every replica is given: `given`; else none when `CHATCACHE_KV_KEY` is
+    set, since the replicas inherit the environment; else the cluster's own in `directory`,
+    generated on first use.
+
+    Raises:
+        ConfigError: the file is unreadable or holds a bad key (found here, not in every replica's log).
+    """
+    if given is None and os.environ.get(KEY_ENV):
+        return None
+    path = (given or generate_key_file(directory / GENERATED_KEY_FILE)).expanduser().resolve()
+    read_key_file(path)
+    return path
 
 
 def status() -> dict[str, Any]:

@@ -11,6 +11,7 @@ from storage import default_data_dir
 
 from .errors import ConfigError
 from .model.reply_format import ReplyFormat
+from .tiers.spill_keys import check_keys, load_spill_keys
 
 __all__ = ["GenerationConfig", "TokenTierConfig", "default_data_dir"]
 
@@ -26,6 +27,14 @@ class TokenTierConfig:
         spill_int8: quantize spilled KV to int8 (about 3.9x smaller, not bit-exact on restore).
         disk_budget_bytes: ceiling for spilled files; the least recently used go first.
         max_prefixes: how many distinct system-prompt prefixes are kept.
+        spill_keys: the keys that sign spilled KV (HMAC-SHA256), newest first: the first signs
+            and every one verifies, so a file signed with the previous key is still restored while
+            that key is listed second. Each key must be at least 32 bytes. When none are given and
+            there is a spill dir, the keys come from `spill_key_file`, else from `CHATCACHE_KV_KEY`
+            (plus `CHATCACHE_KV_PREVIOUS_KEY` during a rotation), else from `kv.key` in the data
+            directory, which is generated on first use with mode 0600 (`tiers/spill_keys.py`).
+            Replicas sharing a spill dir need the same keys. The keys are never shown in the repr.
+        spill_key_file: a file of spill keys, one a line, newest first; not inside `spill_dir`.
     """
 
     enabled: bool = True
@@ -34,6 +43,8 @@ class TokenTierConfig:
     spill_int8: bool = False
     disk_budget_bytes: int = 4 << 30
     max_prefixes: int = 8
+    spill_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    spill_key_file: Path | None = None
 
     def __post_init__(self) -> None:
         if self.memory_budget_bytes <= 0:
@@ -42,8 +53,15 @@ class TokenTierConfig:
             raise ConfigError(f"disk_budget_bytes must be positive, got {self.disk_budget_bytes}")
         if self.max_prefixes < 1:
             raise ConfigError(f"max_prefixes must be at least 1, got {self.max_prefixes}")
+        if self.spill_keys and self.spill_key_file is not None:
+            raise ConfigError("Give spill_keys or spill_key_file, not both.")
+        if self.spill_key_file is not None:
+            self.spill_key_file = Path(self.spill_key_file)
+        self.spill_keys = check_keys(self.spill_keys, "spill_keys")
         if self.spill_dir is not None:
             self.spill_dir = Path(self.spill_dir).expanduser()
+            if not self.spill_keys:
+                self.spill_keys = load_spill_keys(self.spill_dir, self.spill_key_file)
 
 
 @dataclass

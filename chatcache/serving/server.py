@@ -91,7 +91,8 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
     owns_model = chat_model is None
     model = chat_model or load_chat_model(settings.model, precision=settings.precision)
     store = SessionStore(settings.db) if settings.db else SessionStore.open(default_data_dir())
-    token_tier = ChatEngine.build_token_tier(model, TokenTierConfig(spill_dir=settings.kv_dir or default_data_dir() / "kv"))
+    spill = TokenTierConfig(spill_dir=settings.kv_dir or default_data_dir() / "kv", spill_key_file=settings.kv_key_file)
+    token_tier = ChatEngine.build_token_tier(model, spill)
     needs_embedder = settings.answer_cache or settings.drift or settings.bot is not None
     embed = embedder if callable(embedder) or not needs_embedder else sentence_embed(load_embedder(embedder))
     system_prompt = settings.system_prompt or (None if settings.bot else DEFAULT_SYSTEM_PROMPT)

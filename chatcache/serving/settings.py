@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from ..tiers.spill_keys import read_key_file
 from .keys import ApiKeys
 
 
@@ -26,6 +27,9 @@ class ServeSettings(BaseSettings):
         db: SQLAlchemy URL of the session database (default: SQLite in the data directory).
         kv_dir: where cold sessions' KV is spilled (default: `kv` in the data directory);
             replicas on several machines share it on a network filesystem or an object-store mount.
+        kv_key_file: the keys that sign spilled KV, one a line, newest first (`TokenTierConfig.spill_keys`);
+            replicas sharing a kv_dir need the same file. Default: `CHATCACHE_KV_KEY`, else a key
+            generated into the data directory. Never inside kv_dir.
         host, port: where to listen; loopback by default.
         system_prompt: the bot's instructions (default: the bot's, or a generic one).
         ttft_slo: refuse (429) a request predicted to wait longer than this for its first token.
@@ -48,6 +52,7 @@ class ServeSettings(BaseSettings):
     precision: Literal["exact", "int8"] = "exact"
     db: str | None = None
     kv_dir: Path | None = None
+    kv_key_file: Path | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     system_prompt: str | None = None
@@ -74,11 +79,18 @@ class ServeSettings(BaseSettings):
             )
         return model
 
-    @field_validator("api_key_file")
+    @field_validator("api_key_file", "kv_key_file")
     @classmethod
     def _readable(cls, path: Path | None) -> Path | None:
         if path is not None and not path.is_file():
             raise ValueError(f"{path} is not a readable file")
+        return path
+
+    @field_validator("kv_key_file")
+    @classmethod
+    def _holds_keys(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            read_key_file(path)  # a short or missing key fails now, not once the model has loaded
         return path
 
     def keys(self) -> ApiKeys:

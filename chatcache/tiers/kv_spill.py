@@ -1,11 +1,22 @@
-"""Cold sessions on disk: one safetensors file per session, checked before it is trusted.
+"""Cold sessions on disk: one safetensors file per session, signed, and checked before it is trusted.
 
-A file records the ids its KV covers, the model and template identity, and a SHA-256 of
-its tensors. Anything off (truncated, corrupted, written for other weights or another
-template) makes `load` return None so the turn recomputes: a spilled file can make a turn
-slower, never wrong. Optionally KV is stored as int8 with one scale per (layer, head,
-position), about 3.9x smaller on float32 models and not bit-exact on restore.
+A file records the ids its KV covers, the model and template identity, and an HMAC-SHA256
+signature over its tensors (each one's name, dtype, shape and bytes), its metadata and the id of
+the session it was written for. Signing uses a key the spill directory never holds
+(`spill_keys`): the directory may be shared, and whoever can write to it could alter a file and
+recompute any checksum stored beside the data. A checksum finds accidents; only a keyed
+signature finds forgeries, and a valid file of one session copied over another's name too.
+Anything off (truncated, corrupted, forged, signed with a key this store does not hold, written
+for another session, other weights or another template) makes `load` return None. The refusal
+is logged and counted (`rejected`), and the turn recomputes the KV from the conversation: a
+spilled file can make a turn slower, never wrong. Optionally KV is stored as int8 with one scale
+per (layer, head, position), about 3.9x smaller on float32 models and not bit-exact on restore.
 Never pickle: a cache file must not be able to run code.
+
+The first key signs and every key verifies, so files signed with the previous key are restored
+during a rotation. A restored file is deleted, so the session's next spill is signed with the
+current key. Files of the unsigned format "chatcache-kv/1" (only a SHA-256 beside the data) are
+refused: they cost one recompute each after an upgrade.
 
 A file is written under a temporary name and renamed into place, so a reader never sees half
 of one. A write that fails (full disk, file size limit, read-only directory) raises `OSError`
@@ -18,13 +29,15 @@ Admission control asks for a spilled session's ids on the event loop, for every 
 the store remembers the ids of the files it wrote or read, keyed by the file's inode, size and
 mtime: a file replaced since (by another process on the same directory) is read again. They are
 kept as 4-byte ids within a byte bound (a list of Python ints takes 36 bytes an id), so that
-thousands of spilled sessions cost a few MiB, not hundreds.
+thousands of spilled sessions cost a few MiB, not hundreds. Those ids are read without checking
+the signature: a forged one can only skew an estimate, while `load` checks before any KV is used.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import logging
 import os
 import re
@@ -40,7 +53,8 @@ from cachetools import LRUCache
 from safetensors.torch import load_file, save
 
 log = logging.getLogger("chatcache")
-FORMAT = "chatcache-kv/1"
+FORMAT = "chatcache-kv/2"  # signed; "chatcache-kv/1" carried only a SHA-256 and is refused
+UNSIGNED_FORMAT = "chatcache-kv/1"
 # Temporary names: ours (`<file>.tmp<pid>.<thread>`), and safetensors' own `.tmpXXXXXX`, which
 # earlier versions left when killed while `save_file` wrote.
 TEMPORARY = re.compile(r"[0-9a-f]{32}\.tmp\d+\.\d+|\.tmp[A-Za-z0-9]{6}")
@@ -59,12 +73,31 @@ class SpilledKV:
     layers: list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def _checksum(tensors: dict[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
+def _key_id(key: bytes) -> str:
+    """Which key signed a file, without revealing it: a MAC of a fixed text under that key."""
+    return hmac.new(key, b"chatcache spill key id", hashlib.sha256).hexdigest()[:16]
+
+
+def _signature(key: bytes, session_id: str, metadata: dict[str, str], tensors: dict[str, torch.Tensor]) -> str:
+    """HMAC-SHA256 of all that a restore relies on: the session the file is for, every metadata
+    entry (format, identity, template, dtype, ...) and each tensor's name, dtype, shape and bytes.
+    Each part is length-prefixed, so no two different files sign the same byte string."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+
+    def add(part: bytes | memoryview) -> None:
+        mac.update(len(part).to_bytes(8, "big"))
+        mac.update(part)
+
+    add(session_id.encode())
+    for name in sorted(metadata):
+        add(name.encode())
+        add(metadata[name].encode())
     for name in sorted(tensors):
-        digest.update(name.encode())
-        digest.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+        tensor = tensors[name].contiguous()
+        add(name.encode())
+        add(f"{tensor.dtype} {tuple(tensor.shape)}".encode())
+        add(tensor.view(torch.uint8).numpy().data.cast("B"))  # the bytes in place, not a copy
+    return mac.hexdigest()
 
 
 def _version(path: Path) -> tuple[int, int, int]:
@@ -84,9 +117,12 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 
 
 class SpillStore:
-    """Session KV files in a directory, within a byte budget (least recently written go first)."""
+    """Session KV files in a directory, within a byte budget (least recently written go first),
+    signed with the first of `keys` and restored when any of them verifies (newest first)."""
 
-    def __init__(self, directory: Path, identity: str, template_hash: str, int8: bool, budget_bytes: int) -> None:
+    def __init__(
+        self, directory: Path, identity: str, template_hash: str, int8: bool, budget_bytes: int, keys: Sequence[bytes]
+    ) -> None:
         self.directory = directory
         self.identity = identity
         self.template_hash = template_hash
@@ -94,6 +130,8 @@ class SpillStore:
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
         self.rejected = 0  # files found unusable and deleted
+        self._signing_key = keys[0]
+        self._keys = {_key_id(key): key for key in reversed(keys)}  # by id; the newest wins a collision
         # By file name: the file's version, and the ids its KV covers.
         self._known_ids: LRUCache[str, tuple[tuple[int, int, int], array[int]]] = LRUCache(
             KNOWN_IDS_BYTES, getsizeof=_known_size
@@ -129,8 +167,9 @@ class SpillStore:
             "int8": str(self.int8),
             "dtype": str(dtype).removeprefix("torch."),
             "layers": str(len(layers)),
-            "sha256": _checksum(tensors),
+            "key": _key_id(self._signing_key),
         }
+        metadata["signature"] = _signature(self._signing_key, session_id, metadata, tensors)
         data = save(tensors, metadata=metadata)  # in memory: the write below is the only I/O
         target = self.path(session_id)
         staging = target.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
@@ -153,24 +192,30 @@ class SpillStore:
         if not path.is_file():
             return None
         try:
-            return self._read(path, device)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file means: recompute
-            log.warning("Spilled KV %s is unusable (%s); the turn recomputes it", path.name, exc)
+            return self._read(path, session_id, device)
+        except Exception as exc:  # noqa: BLE001 - any unreadable or untrusted file means: recompute
+            log.warning("Spilled KV of session %r (%s) is refused: %s; the turn recomputes it", session_id, path.name, exc)
             self.rejected += 1
             self.discard(session_id)
             return None
 
-    def _read(self, path: Path, device: torch.device) -> SpilledKV:
+    def _read(self, path: Path, session_id: str, device: torch.device) -> SpilledKV:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-        for key, expected in (("format", FORMAT), ("identity", self.identity), ("template", self.template_hash)):
-            if metadata.get(key) != expected:
-                raise ValueError(f"{key} is {metadata.get(key)!r}, expected {expected!r}")
+        if metadata.get("format") == UNSIGNED_FORMAT:
+            raise ValueError(f"it was written before spill files were signed ({UNSIGNED_FORMAT})")
+        for name, expected in (("format", FORMAT), ("identity", self.identity), ("template", self.template_hash)):
+            if metadata.get(name) != expected:
+                raise ValueError(f"{name} is {metadata.get(name)!r}, expected {expected!r}")
+        key = self._keys.get(metadata.get("key", ""))
+        if key is None:
+            raise ValueError("it is signed with a key this store does not hold")
         tensors = load_file(str(path))
-        if _checksum(tensors) != metadata.get("sha256"):
-            raise ValueError("checksum mismatch")
+        signed = {name: value for name, value in metadata.items() if name != "signature"}
+        if not hmac.compare_digest(_signature(key, session_id, signed, tensors), metadata.get("signature", "")):
+            raise ValueError("its signature does not verify (altered, or written for another session)")
         dtype = getattr(torch, metadata["dtype"])
         layers = []
         for index in range(int(metadata["layers"])):

@@ -115,7 +115,7 @@ class TokenTier:
         self._stats = TokenTierStats(budget_bytes=config.memory_budget_bytes)
         self._restore_s_per_byte: float | None = None  # measured on restores (a moving average)
         self._spill = (
-            SpillStore(Path(config.spill_dir), *spill_identity, config.spill_int8, config.disk_budget_bytes)
+            SpillStore(Path(config.spill_dir), *spill_identity, config.spill_int8, config.disk_budget_bytes, config.spill_keys)
             if config.spill_dir is not None
             else None
         )

@@ -12,6 +12,7 @@ from chatcache.tiers.kv_spill import dequantize_int8, quantize_int8
 
 SYSTEM = "You are a test bot."
 TURNS = ["Hello there", "Book a table for two", "What about Paris?"]
+KEY = b"k" * 32  # signs the files of the stores built here
 
 
 def bytes_per_turn_budget(make_engine, model, turns: int) -> int:  # type: ignore[no-untyped-def]
@@ -259,7 +260,7 @@ def test_spilled_ids_are_read_once_per_file_and_again_when_another_writer_replac
 
     opened = files_opened_for_ids(monkeypatch)
     layers = [(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))]
-    ours, other_process = (SpillStore(tmp_path, "weights", "template", int8=False, budget_bytes=10**8) for _ in range(2))
+    ours, other_process = (SpillStore(tmp_path, "weights", "template", int8=False, budget_bytes=10**8, keys=[KEY]) for _ in range(2))
     ours.save("s", [1, 2, 3, 4, 5], layers)
     assert [list(ours.spilled_ids("s") or []) for _ in range(3)] == [[1, 2, 3, 4, 5]] * 3 and opened == []
     longer = [(torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4))]
@@ -280,7 +281,7 @@ def test_the_remembered_spilled_ids_stay_within_their_byte_bound(tmp_path: Path,
 
     monkeypatch.setattr(kv_spill, "KNOWN_IDS_BYTES", 4096)
     opened = files_opened_for_ids(monkeypatch)
-    store = kv_spill.SpillStore(tmp_path, "weights", "template", int8=False, budget_bytes=10**9)
+    store = kv_spill.SpillStore(tmp_path, "weights", "template", int8=False, budget_bytes=10**9, keys=[KEY])
     ids = {f"s{n}": list(range(1000 + n, 1000 + n + 100)) for n in range(40)}  # 40 x 100 ids: 16 KB as int32
     for session, session_ids in ids.items():
         store.save(session, session_ids, [(torch.zeros(1, 1, 100, 2), torch.zeros(1, 1, 100, 2))])

@@ -6,6 +6,7 @@ router; once each has been answered twice, the replica serving the first is kill
 SIGKILL while turns are in flight. A client whose request fails sends the same message again.
 Every reply is then checked against the same conversation answered alone in this process,
 without the answer cache: a reply that came from another session's KV or answer would differ.
+A lighter test checks which spill key file `up` gives every replica.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -22,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from chatcache.cluster import free_port
+from chatcache.cluster import free_port, replica_key_file
+from chatcache.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATIONS = 50
@@ -40,6 +44,24 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_replicas_are_given_one_key_file_kept_in_the_cluster_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every replica must sign spilled KV with the same key: `up` passes one file to all of them,
+    generated once beside the cluster's state (not in the spill dir) unless one is given."""
+    directory = tmp_path / "cluster"
+    generated = replica_key_file(directory, None)
+    assert generated == (directory / "kv.key").resolve() and stat.S_IMODE(generated.stat().st_mode) == 0o600
+    key = generated.read_text()
+    assert replica_key_file(directory, None) == generated and generated.read_text() == key  # the next `up` keeps it
+    given = tmp_path / "given.key"
+    given.write_text("g" * 40 + "\n")
+    assert replica_key_file(directory, given) == given.resolve()
+    given.write_text("short\n")
+    with pytest.raises(ConfigError, match="at least 32"):
+        replica_key_file(directory, given)
+    monkeypatch.setenv("CHATCACHE_KV_KEY", "e" * 40)
+    assert replica_key_file(directory, None) is None  # the replicas inherit the environment's key
 
 
 def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_killed(

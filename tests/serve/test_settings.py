@@ -67,6 +67,15 @@ def test_serve_refuses_bad_settings_before_loading_anything(tmp_path: Path, caps
     assert "not a readable file" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_bad_kv_key_file_before_loading_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "kv.key"
+    keys.write_text("too short\n")
+    assert main(["serve", "--kv-key-file", str(keys)]) == 2
+    assert "at least 32" in capsys.readouterr().err
+    assert main(["serve", "--kv-key-file", str(tmp_path / "missing.key")]) == 2
+    assert "not a readable file" in capsys.readouterr().err
+
+
 def test_serve_refuses_a_remote_model_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
     """A server's admission control predicts from the model's own steps: it needs the model here."""
     assert main(["serve", "--model", "http://127.0.0.1:8080/v1"]) == 2
@@ -83,3 +92,24 @@ def test_spilled_kv_goes_to_the_kv_dir(serve, tmp_path: Path) -> None:  # type: 
         assert http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "kv-1"}).status_code == 200
     live.stop()
     assert [p.suffix for p in shared.iterdir()] == [".safetensors"]
+
+
+def test_spilled_kv_is_signed_with_the_kv_key_file(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`--kv-key-file` gives the key every replica on a shared kv dir signs with, not the one
+    generated in this server's data directory."""
+    from safetensors import safe_open
+
+    from chatcache.tiers.kv_spill import _key_id
+
+    shared, key_file = tmp_path / "shared-kv", tmp_path / "kv.key"
+    key = b"replica-key-0123456789abcdef0123456789"
+    key_file.write_text(key.decode() + "\n")
+    key_file.chmod(0o600)
+    live = serve(kv_dir=shared, kv_key_file=key_file)
+    with live.client() as http:
+        body = {"model": live.model_id, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+        assert http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "kv-1"}).status_code == 200
+    live.stop()
+    [spilled] = shared.iterdir()
+    with safe_open(str(spilled), framework="pt") as handle:
+        assert (handle.metadata() or {})["key"] == _key_id(key)
