@@ -63,7 +63,9 @@ $(PEERS)/vllm/.installed: Makefile
 $(LLAMA_SERVER): Makefile
 	$(PYTHON) -m venv $(PEERS)/llamacpp
 	$(PEERS)/llamacpp/bin/python -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS)/llamacpp/bin/python -m pip install --quiet "$(LLAMA_CPP)"
+	# Built for this machine's CPU (GGML_NATIVE), so never from pip's wheel cache: a wheel built on
+	# another CPU loads, lists its model, and dies of an illegal instruction on the first completion.
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS)/llamacpp/bin/python -m pip install --quiet --no-cache-dir "$(LLAMA_CPP)"
 	touch $@
 
 clean:

@@ -30,6 +30,10 @@ SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     with LlamaServer.start(tmp_path_factory.mktemp("llama") / "server.log") as server:
         yield server
+        died = server.process.poll()
+    assert died is None, f"the llama.cpp server died (exit {died}) during these tests:\n" + "\n".join(
+        server.log.read_text(errors="replace").splitlines()[-30:]
+    )
 
 
 @pytest.fixture(scope="module")
