@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from ..tiers.spill_keys import read_key_file
+from ..tiers.spill_keys import environment_keys, read_key_file
 from .keys import ApiKeys
 
 
@@ -86,12 +86,14 @@ class ServeSettings(BaseSettings):
             raise ValueError(f"{path} is not a readable file")
         return path
 
-    @field_validator("kv_key_file")
-    @classmethod
-    def _holds_keys(cls, path: Path | None) -> Path | None:
-        if path is not None:
-            read_key_file(path)  # a short or missing key fails now, not once the model has loaded
-        return path
+    @model_validator(mode="after")
+    def _spill_keys_usable(self) -> ServeSettings:
+        """A short or missing spill key fails now, not once the model has loaded."""
+        if self.kv_key_file is not None:
+            read_key_file(self.kv_key_file)
+        else:
+            environment_keys()
+        return self
 
     def keys(self) -> ApiKeys:
         """The API keys of the key file and the environment, checked line by line."""

@@ -53,11 +53,8 @@ def load_spill_keys(spill_dir: Path, key_file: Path | None) -> tuple[bytes, ...]
             (whoever writes spill files there could read it).
     """
     if key_file is None:
-        if os.environ.get(KEY_ENV):
-            keys = [os.environ[KEY_ENV], *([os.environ[PREVIOUS_KEY_ENV]] if os.environ.get(PREVIOUS_KEY_ENV) else [])]
-            return check_keys(tuple(key.strip().encode() for key in keys), KEY_ENV)
-        if os.environ.get(PREVIOUS_KEY_ENV):
-            raise ConfigError(f"{PREVIOUS_KEY_ENV} is set without {KEY_ENV}: set the new key in {KEY_ENV}.")
+        if (keys := environment_keys()) is not None:
+            return keys
         key_file = generate_key_file(default_data_dir() / GENERATED_KEY_FILE)
     if key_file.expanduser().resolve().parent == spill_dir.expanduser().resolve():
         raise ConfigError(
@@ -65,6 +62,20 @@ def load_spill_keys(spill_dir: Path, key_file: Path | None) -> tuple[bytes, ...]
             "read it. Keep it elsewhere (the data directory, or a secrets mount)."
         )
     return read_key_file(key_file)
+
+
+def environment_keys() -> tuple[bytes, ...] | None:
+    """The keys `CHATCACHE_KV_KEY` and `CHATCACHE_KV_PREVIOUS_KEY` give; None when neither is set.
+
+    Raises:
+        ConfigError: a key is too short, or the previous key is set without the new one.
+    """
+    if os.environ.get(KEY_ENV):
+        keys = [os.environ[KEY_ENV], *([os.environ[PREVIOUS_KEY_ENV]] if os.environ.get(PREVIOUS_KEY_ENV) else [])]
+        return check_keys(tuple(key.strip().encode() for key in keys), KEY_ENV)
+    if os.environ.get(PREVIOUS_KEY_ENV):
+        raise ConfigError(f"{PREVIOUS_KEY_ENV} is set without {KEY_ENV}: set the new key in {KEY_ENV}.")
+    return None
 
 
 def read_key_file(path: Path) -> tuple[bytes, ...]:

@@ -76,6 +76,18 @@ def test_serve_refuses_a_bad_kv_key_file_before_loading_anything(tmp_path: Path,
     assert "not a readable file" in capsys.readouterr().err
 
 
+def test_serve_refuses_a_bad_kv_key_in_the_environment_before_loading_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CHATCACHE_KV_KEY", "too short")
+    assert main(["serve"]) == 2
+    assert "at least 32" in capsys.readouterr().err
+    monkeypatch.delenv("CHATCACHE_KV_KEY")
+    monkeypatch.setenv("CHATCACHE_KV_PREVIOUS_KEY", "x" * 40)
+    assert main(["serve"]) == 2
+    assert "without CHATCACHE_KV_KEY" in capsys.readouterr().err
+
+
 def test_serve_refuses_a_remote_model_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
     """A server's admission control predicts from the model's own steps: it needs the model here."""
     assert main(["serve", "--model", "http://127.0.0.1:8080/v1"]) == 2
