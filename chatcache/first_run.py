@@ -12,9 +12,9 @@ weight digests. `produce_once` lets one of them make it and the others wait for 
   next producer removes (staging happens only under the lock, so any it finds is a leftover).
 
 What it deliberately does not do: delete lock files (a process could be waiting on the one it
-opened; removing it would let the next one lock a new file while it holds the old), or keep a
-process that reads the target without the lock from seeing it vanish for the moment between
-the two renames that replace a stale directory (a waiting loader retries under the lock).
+opened; removing it would let the next one lock a new file while it holds the old), or settle
+between processes that disagree on what is current (two versions of a package sharing one
+data directory): each replaces the other's artefact whenever it finds it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def produce_once(target: Path, is_current: Callable[[Path], bool], produce: Call
         try:
             produce(staging / target.name)
             if target.is_dir():
-                target.rename(staging / "replaced")  # rename cannot replace a directory that has files
+                target.rename(staging / f"{target.name}.replaced")  # rename cannot replace a directory that has files
             (staging / target.name).rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

