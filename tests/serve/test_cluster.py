@@ -1,4 +1,5 @@
-"""`chatcache cluster`: three replicas on PostgreSQL behind HAProxy, one of them killed mid-load.
+"""`chatcache cluster`: three replicas on PostgreSQL behind HAProxy, one of them killed mid-load;
+and the first `cluster up` on a fresh machine, where the replicas find the bundled model unconverted.
 
 Real processes: `chatcache cluster up` starts PostgreSQL, three `chatcache serve` replicas on
 the tiny model and HAProxy, all on loopback. Fifty conversations run at once through the
@@ -154,6 +155,27 @@ def test_sessions_stay_on_their_replica_and_continue_on_another_when_it_is_kille
     pids = [status["router"]["pid"], *(r["pid"] for r in status["replicas"])]
     assert not any(_alive(pid) for pid in pids)
     assert json.loads(_chatcache(env, "cluster", "status", "--json").stdout) == {"up": False}
+
+
+@pytest.mark.bundled
+def test_the_first_cluster_up_on_a_fresh_machine_converts_the_bundled_model_once(tmp_path: Path) -> None:
+    """A fresh XDG data home: the three replicas start on the bundled model together, one converts
+    it while the others wait, and all three come up (they raced to convert it, and one died)."""
+    assert shutil.which("haproxy"), "HAProxy is not installed: `.ci/run` installs it (apt-get install haproxy)"
+    env = {key: value for key, value in os.environ.items() if key != "CHATCACHE_DATA_DIR"}
+    env |= {"XDG_DATA_HOME": str(tmp_path / "xdg"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+    started = _chatcache(env, "cluster", "up", "--replicas", "3", "--port", str(free_port()), timeout=600)
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        url = started.stdout.strip().splitlines()[-1]
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).status_code == 200
+    finally:
+        stopped = _chatcache(env, "cluster", "down", timeout=180)
+    assert stopped.returncode == 0, stopped.stderr
+    logs = sorted((tmp_path / "xdg" / "chatcache" / "cluster").glob("replica-*.log"))
+    assert len(logs) == 3 and sum(log.read_text().count("converting SmolLM2") for log in logs) == 1
 
 
 def _assert_each_reply_is_its_own_conversations(
