@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from storage import default_data_dir
 
 from ..errors import ConfigError
+from ..first_run import produce_once
 
 log = logging.getLogger("chatcache")
 KEY_ENV = "CHATCACHE_KV_KEY"
@@ -117,23 +117,14 @@ def check_keys(keys: Sequence[bytes], source: str) -> tuple[bytes, ...]:
 def generate_key_file(path: Path) -> Path:
     """`path`, first given a new random key if it does not exist, readable by its owner alone.
 
-    The key is written in full to a temporary file (created 0600, never shared) and then hard-linked
-    to `path`. Linking never replaces an existing file, so when several processes start at once
-    exactly one key wins and every process reads that one.
+    Made once however many processes start at once (`produce_once`): every one of them reads
+    the same key, and none ever reads a key file half written.
     """
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # O_EXCL, mode 0600
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(secrets.token_hex(GENERATED_KEY_BYTES) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(staging, path)
-        except FileExistsError:
-            pass  # another process linked its key first: that one is the key
-    finally:
-        os.unlink(staging)
-    return path
+    return produce_once(path, Path.exists, _write_new_key)
+
+
+def _write_new_key(path: Path) -> None:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as handle:
+        handle.write(secrets.token_hex(GENERATED_KEY_BYTES) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())

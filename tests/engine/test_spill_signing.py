@@ -194,7 +194,7 @@ def test_the_generated_key_file_is_private_and_processes_starting_at_once_share_
     assert all(child.returncode == 0 for child in children)
     assert keys == {path.read_text().strip()} and len(keys.pop()) == 64
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert [p.name for p in path.parent.iterdir()] == ["kv.key"]  # no temporary file left
+    assert sorted(p.name for p in path.parent.iterdir()) == ["kv.key", "kv.key.lock"]  # no temporary file left
 
 
 def test_an_engine_without_keys_uses_the_generated_one_from_the_data_dir(tmp_path: Path) -> None:
