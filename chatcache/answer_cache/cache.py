@@ -68,6 +68,9 @@ class AnswerCacheStats:
     refused_by_verification: int = 0
     refused_as_ambiguous: int = 0
     refused_by_head: int = 0  # the scope's answer head was not confident enough of any answer
+    refused_without_evidence: int = 0  # under a bound, the scope has not certified any point yet
+    scopes_by_meaning: int = 0  # under a bound, scopes whose calibration certified a point
+    scopes_exact_only: int = 0  # under a bound, calibrated scopes that serve exact repeats only
     stores: int = 0
     synced: int = 0  # entries other processes stored, indexed here
     refused_high_entropy: int = 0

@@ -10,6 +10,16 @@ from ..errors import ConfigError
 @dataclass(frozen=True)
 class AnswerCacheConfig:
     """Attributes:
+    max_error_rate: the share of answers served by meaning (not exact repeats) that may be
+        wrong. When set, the cache chooses each scope's threshold, margin and head confidence
+        itself: the loosest point of `decision.PATH` that the scope's own stored wordings
+        certify at `bound_confidence` (`calibration.py`); a scope without that much evidence
+        serves exact repeats only. `similarity_threshold`, `margin` and `head_confidence`'s
+        value are then unused (None for `head_confidence` still turns heads off). Audits
+        (`audit_rate`) watch the bound on live questions; with `audit_rate` 0 nothing does.
+        None: the fixed thresholds below, with no bound.
+    bound_confidence: how sure the bound is (the chance that a certified scope's error rate
+        really is at most `max_error_rate`).
     similarity_threshold: cosine similarity a cached question needs to be served (0 is valid).
     intent_similarity_threshold: the same within a confirmed cacheable intent's scope, where
         the dialogue state machine already vouches for the meaning (by default any wording of
@@ -35,6 +45,8 @@ class AnswerCacheConfig:
         look is older than this. 0 never looks (one process alone).
     """
 
+    max_error_rate: float | None = None
+    bound_confidence: float = 0.95
     similarity_threshold: float = 0.75
     intent_similarity_threshold: float = 0.0
     margin: float = 0.12
@@ -51,6 +63,10 @@ class AnswerCacheConfig:
     sync_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.max_error_rate is not None and not 0.0 < self.max_error_rate < 0.5:
+            raise ConfigError(f"max_error_rate is a share of served answers in (0, 0.5), got {self.max_error_rate}")
+        if not 0.5 <= self.bound_confidence < 1.0:
+            raise ConfigError(f"bound_confidence is a probability in [0.5, 1), got {self.bound_confidence}")
         for name in ("similarity_threshold", "intent_similarity_threshold"):
             value = getattr(self, name)
             if not -1.0 <= value <= 1.0:
