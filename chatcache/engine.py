@@ -241,6 +241,7 @@ class ChatEngine:
                 answer_cache if isinstance(answer_cache, AnswerCacheConfig) else AnswerCacheConfig(),
                 self._embed,  # type: ignore[arg-type]
                 store.answers,
+                audits=store.answer_audits,
             )
             if answer_cache
             else None
