@@ -89,9 +89,10 @@ def _bound(engines: list[ChatEngine]) -> Iterator[GaugeMetricFamily]:
     if not known:
         return
     bound = max(known, key=lambda b: b.audits)
+    assert bound.max_error_rate is not None  # `answer_cache_bound` gives None without one
     low, high = bound.interval
     estimate = math.nan if bound.estimate is None else bound.estimate  # no audit yet: no value
-    yield GaugeMetricFamily("chatcache:answer_cache_max_error_rate", "The share of answers served by meaning that may be wrong.", value=bound.max_error_rate or 0.0)
+    yield GaugeMetricFamily("chatcache:answer_cache_max_error_rate", "The share of answers served by meaning that may be wrong.", value=bound.max_error_rate)
     yield GaugeMetricFamily("chatcache:answer_cache_audit_error_rate", "Audited cached answers the model answered otherwise, over all audits.", value=estimate)
     yield GaugeMetricFamily("chatcache:answer_cache_audit_error_rate_lower", "Low end of the audit error rate's exact interval.", value=low)
     yield GaugeMetricFamily("chatcache:answer_cache_audit_error_rate_upper", "High end of the audit error rate's exact interval.", value=high)
