@@ -117,7 +117,7 @@ def evaluate_answer_cache(
         cache = AnswerCache(run_config, embed)
         for (text, category), vector in zip(train, train_vectors):
             cache.store(text, category, SCOPE, _ENTROPY_BITS, _LATENCY_MS, embedding=vector)
-        cache.train_heads()
+        cache.calibrate()
         served = []
         for (text, _), vector in zip(test, test_vectors):
             hit = cache.lookup(text, SCOPE, embedding=vector)
