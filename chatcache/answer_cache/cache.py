@@ -69,7 +69,7 @@ class AnswerCacheStats:
     refused_by_verification: int = 0
     refused_as_ambiguous: int = 0
     refused_by_head: int = 0  # the scope's answer head was not confident enough of any answer
-    refused_without_evidence: int = 0  # under a bound, the scope has not certified any point yet
+    refused_without_evidence: int = 0  # under a bound, the scope has not certified a point (or its audits breached it)
     scopes_by_meaning: int = 0  # under a bound, scopes whose calibration certified a point
     scopes_exact_only: int = 0  # under a bound, calibrated scopes that serve exact repeats only
     stores: int = 0
@@ -255,7 +255,7 @@ class AnswerCache:
         """How sure a lookup in this scope must be to serve by meaning; None: exact repeats only.
 
         Under an error bound it is the point the scope's calibration certified (none until it
-        has certified one). A confirmed cacheable intent's scope is the dialogue's: the state
+        has certified one, nor once the scope's audits show its error above the bound). A confirmed cacheable intent's scope is the dialogue's: the state
         machine vouches for the meaning, so its own threshold applies, bound or not.
         """
         config = self.config
@@ -264,7 +264,9 @@ class AnswerCache:
         if config.max_error_rate is None:
             return OperatingPoint(config.similarity_threshold, config.margin, config.head_confidence or 1.0)
         calibration = self._scopes.calibration(key) if self._scopes is not None else None
-        return calibration.point if calibration is not None else None
+        if calibration is None or self._audits.breached(key):
+            return None  # not calibrated yet, or live questions have shown the calibration wrong
+        return calibration.point
 
     def _choose(self, key: str, vector: np.ndarray, point: OperatingPoint) -> list[tuple[int, float]]:
         """Stored wordings of the one answer `vector` asks for that clear `point`, closest first; none when unclear.
