@@ -105,37 +105,40 @@ def outcome(trials: Sequence[Trial], step: int | None) -> dict[str, Any]:
 def online(stored: Rows, dev: Rows, bound: float, audit_rate: float, seed: int = 0) -> dict[str, Any]:
     """The cache learns its point from audited arrivals while it fills; then the dev questions are asked."""
     rng = np.random.default_rng(seed)
-    kept: list[int] = []
+    arrivals = stored.take(rng.permutation(len(stored.answers)).tolist())
+    kept = Rows(np.empty_like(arrivals.vectors), [], [])  # the first len(kept.answers) rows are used
     head: AnswerHead | None = None
     fitted_on = 0
     step: int | None = None
     audits: list[Trial] = []
     served = wrong = 0
-    for arrival, row in enumerate(rng.permutation(len(stored.answers)).tolist(), start=1):
-        if kept:
-            judged = ask(stored.take(kept), head, stored.take([row]))[0]
+    for row in range(len(arrivals.answers)):
+        hit = False
+        if kept.answers:
+            holding = Rows(kept.vectors[: len(kept.answers)], kept.answers, kept.questions)
+            judged = ask(holding, head, arrivals.take([row]))[0]
             hit = step is not None and judged.rank is not None and judged.rank <= step
             served += hit
             wrong += hit and judged.wrong
             if rng.random() < audit_rate:
                 audits.append(judged)
                 hit = False  # the model answered: its answer is stored as any miss's
-        else:
-            hit = False
         if not hit:
-            kept.append(row)
-            if len(kept) >= 2 * MIN_WORDINGS and abs(len(kept) - fitted_on) >= 0.1 * fitted_on:
-                rows = stored.take(kept)
-                head, fitted_on = fit_head(rows.vectors, rows.answers, MIN_WORDINGS), len(kept)
-        if arrival % RECHOOSE_EVERY == 0:
+            kept.vectors[len(kept.answers)] = arrivals.vectors[row]
+            kept.answers.append(arrivals.answers[row])
+            kept.questions.append(arrivals.questions[row])
+            count = len(kept.answers)
+            if count >= 2 * MIN_WORDINGS and count - fitted_on >= 0.1 * fitted_on:
+                head, fitted_on = fit_head(kept.vectors[:count], kept.answers, MIN_WORDINGS), count
+        if (row + 1) % RECHOOSE_EVERY == 0:
             step = choose(audits, bound)
-    final = stored.take(kept)
+    final = Rows(kept.vectors[: len(kept.answers)], kept.answers, kept.questions)
     low, high = interval(wrong, served, CONFIDENCE)
     return {
         **outcome(ask(final, fit_head(final.vectors, final.answers, MIN_WORDINGS), dev), step),
         "calibration_trials": len(audits),
         "while_learning": {
-            "hit_rate": round(served / len(stored.answers), 4),
+            "hit_rate": round(served / len(arrivals.answers), 4),
             "error_rate": round(wrong / served, 4) if served else 0.0,
             "interval": [round(low, 4), round(high, 4)],
         },
