@@ -3,7 +3,7 @@
 Splits the BANKING77 training file 80/20 per category (fixed seed) into a scratch folder,
 then runs `eval answer-cache` on it and `eval pairs` on PAWS and the GPTCache pairs, all with
 the default configuration and the bundled MiniLM embedder; then GPTCache itself (PyPI
-`gptcache`, `bench/gptcache_peer.py`) on the same split, pairs and vectors.
+`gptcache`, `chatcache/evals/gptcache_peer.py`) on the same split, pairs and vectors.
 
     python -m bench.answer_cache_evals [--data ../shared/data] [--out bench/out] [--quick]
 
@@ -31,7 +31,7 @@ from chatcache.evals.answer_cache import (
     split_questions,
 )
 
-from . import gptcache_peer
+from chatcache.evals import gptcache_peer
 
 from .common import BenchRun, bench_arguments
 
