@@ -15,7 +15,7 @@ from chatcache.answer_cache import AnswerCacheConfig
 from chatcache.answer_cache.verify import STOPWORDS
 from chatcache.evals.answer_cache import evaluate_answer_cache, load_clinc, main_answer_cache, split_questions
 from chatcache.evals.answer_cache_pairs import evaluate_pairs, main_pairs
-from chatcache.evals.answer_cache_scores import nearest
+from chatcache.evals.answer_cache_scores import COSINE_STEPS, nearest
 
 DIM = 64
 WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro", "su", "ti") for b in ("ba", "de", "fo", "gu", "hi", "ja", "ke", "lu")]
@@ -126,13 +126,14 @@ def test_a_contradiction_in_the_data_is_label_noise() -> None:
 def test_the_calibrated_baseline_serves_from_its_certified_threshold() -> None:
     """Many well-separated questions certify a threshold; the baseline then serves by it."""
     # a question shares two of three words with its own topic's, one with the other's
-    train = [(f"{topic} account {word}", topic) for topic in ("cards", "loans") for word in WORDS]
+    train = [(f"{topic} account {word}{topic}", topic) for topic in ("cards", "loans") for word in WORDS]
     test = [("cards account extra", "cards"), ("loans account extra", "loans"), ("account extra", "cards")]
-    result = evaluate_answer_cache(train, test, AnswerCacheConfig(), embed=word_embed, max_error_rates=[0.05], gptcache=False)
-    calibrated = result["runs"]["embedding_only_calibrated@0.05"]
-    assert calibrated["calibration"]["threshold"] == 0.66  # the loosest step serving every stored question rightly
+    result = evaluate_answer_cache(train, test, AnswerCacheConfig(), embed=word_embed, max_error_rates=[0.1], gptcache=False)
+    calibrated = result["runs"]["embedding_only_calibrated@0.1"]
+    # every step from 0.66 serves each stored question its own topic, none wrongly: the loosest is certified
+    assert calibrated["calibration"]["threshold"] == COSINE_STEPS[-1] == 0.5
     assert calibrated["calibration"]["served"] == len(train) >= calibrated["calibration"]["min_evidence"]
-    assert calibrated["calibration"]["upper_bound"] <= 0.05
+    assert calibrated["calibration"]["upper_bound"] <= 0.1
     assert (calibrated["hits"], calibrated["wrong"]) == (2, 0)  # "account extra" is 0.41 from either topic
 
 

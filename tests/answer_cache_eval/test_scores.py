@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from chatcache.answer_cache.bound import min_evidence
 from chatcache.answer_cache.decision import PATH
 from chatcache.evals.answer_cache_scores import LabelNoise, PairTrial, certified_pair_point, pair_rank, score_served
 
@@ -63,14 +64,17 @@ def test_a_pair_is_ranked_by_the_first_threshold_it_clears_when_verification_pas
 
 
 def test_the_pair_point_stops_at_the_first_step_that_fails_either_risk() -> None:
-    positives = [PairTrial(True, 0)] * 300
-    loose_negatives = [PairTrial(False, 20)] * 30  # served from step 20 on: 30 of 330 negatives
-    late_positives = [PairTrial(True, 30)] * 5000  # later steps would dilute the error again
-    negatives = [PairTrial(False, None)] * 300
-    chosen = certified_pair_point(positives + loose_negatives + late_positives + negatives, 0.02, 0.95)
-    assert chosen["step"] == 19 and chosen["false_hits"] == 0 and chosen["negatives"] == 330
+    rate, confidence = 0.05, 0.9
+    enough = 2 * min_evidence(rate, confidence)
+    positives = [PairTrial(True, 0)] * enough
+    negatives = [PairTrial(False, None)] * enough
+    loose_negatives = [PairTrial(False, 20)] * (enough // 5)  # served from step 20 on
+    late_positives = [PairTrial(True, 30)] * (100 * enough)  # later steps would dilute the error again
+    chosen = certified_pair_point(positives + loose_negatives + late_positives + negatives, rate, confidence)
+    assert chosen["step"] == 19 and chosen["false_hits"] == 0 and chosen["negatives"] == enough + enough // 5
+    assert chosen["point"]["threshold"] == PATH[19].threshold
     # too few negatives to bound their share: nothing is certified, however clean the served
-    assert certified_pair_point(positives + [PairTrial(False, None)] * 50, 0.02, 0.95)["step"] is None
+    assert certified_pair_point(positives + [PairTrial(False, None)] * 10, rate, confidence)["step"] is None
     # steps serving too little are passed over, not the end
-    chosen = certified_pair_point([PairTrial(True, 10)] * 300 + negatives, 0.02, 0.95)
-    assert chosen["step"] == len(PATH) - 1 and chosen["served"] == 300
+    chosen = certified_pair_point([PairTrial(True, 10)] * enough + negatives, rate, confidence)
+    assert chosen["step"] == len(PATH) - 1 and chosen["served"] == enough
