@@ -246,7 +246,7 @@ def main_answer_cache(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clinc", help="instead of --train and --test: CLINC150's JSON (data_full.json or the train/val file)")
     parser.add_argument("--train-parts", default=",".join(CLINC_TRAIN), help="with --clinc, the parts stored (default %(default)s)")
     parser.add_argument("--test-parts", default=",".join(CLINC_TEST), help="with --clinc, the parts replayed (default %(default)s)")
-    parser.add_argument("--max-error-rate", type=float, nargs="+", default=[], metavar="D", help="a bound@D run per D")
+    parser.add_argument("--max-error-rate", type=float, nargs="+", default=[], metavar="D", help="a bound@D and an embedding_only_calibrated@D run per D")
     parser.add_argument("--confidence", type=float, default=0.95, help="of the bounds and intervals (default 0.95)")
     parser.add_argument("--oos-label", default=OOS_LABEL, help="the category of out-of-scope questions (default %(default)s)")
     parser.add_argument("--list-wrong", action="store_true", help="list every wrong answer served, with its label-noise flag")
@@ -258,7 +258,10 @@ def main_answer_cache(argv: Sequence[str] | None = None) -> int:
         parser.error("give --train and --test, or --clinc")
     check_rates(parser, args.max_error_rate, args.confidence)
     if args.clinc:
-        train, test = load_clinc(args.clinc, args.train_parts.split(",")), load_clinc(args.clinc, args.test_parts.split(","))
+        try:
+            train, test = load_clinc(args.clinc, args.train_parts.split(",")), load_clinc(args.clinc, args.test_parts.split(","))
+        except (OSError, ValueError) as exc:  # a missing file or part, or not JSON
+            parser.error(str(exc))
     else:
         train, test = load_questions(args.train), load_questions(args.test)
     result = evaluate_answer_cache(

@@ -188,7 +188,7 @@ def main_pairs(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="chatcache eval pairs", description=__doc__.splitlines()[0])
     parser.add_argument("--tsv", required=True, help="PAWS pairs, TSV id,sentence1,sentence2,label")
     parser.add_argument("--positives", required=True, help="GPTCache mock pairs, JSON list of origin/similar")
-    parser.add_argument("--max-error-rate", type=float, nargs="+", default=[], metavar="D", help="a calibrated@D run per D")
+    parser.add_argument("--max-error-rate", type=float, nargs="+", default=[], metavar="D", help="a product@D and a calibrated@D run per D")
     parser.add_argument("--confidence", type=float, default=0.95, help="of the bounds and intervals (default 0.95)")
     parser.add_argument("--calibration-tsv", help="PAWS pairs calibrated@D chooses its point on (default: half of --tsv)")
     parser.add_argument("--calibration-positives", help="GPTCache pairs for the same (with --calibration-tsv)")

@@ -279,6 +279,7 @@ def test_mains_refuse_bad_options_before_any_work(tmp_path: Path, capsys: pytest
         ["--train", str(train), "--test", str(train), "--clinc", "x.json"],
         ["--train", str(train), "--test", str(train), "--max-error-rate", "0.5"],
         ["--train", str(train), "--test", str(train), "--confidence", "1"],
+        ["--clinc", str(train)],  # not CLINC's JSON
     ):
         with pytest.raises(SystemExit) as exited:
             main_answer_cache(argv)
