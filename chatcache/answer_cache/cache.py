@@ -30,10 +30,11 @@ from storage import AnswerEntries, AnswerRecord
 from storage.rules import text_problem
 
 from .config import AnswerCacheConfig
-from .heads import AnswerHeads
+from .decision import OperatingPoint, read
 from .index import VectorIndex
 from .keys import Scope, normalize
 from .lfu import Heat, LfuPlus
+from .scope_models import Bound, ScopeModels, ScopeRows
 from .verify import Verdict, echoes_particulars, verify
 
 Embed = Callable[[list[str]], np.ndarray]
@@ -145,8 +146,19 @@ class AnswerCache:
         self._next_sync = 0.0  # monotonic time of the next look at the table
         self._syncing = threading.Lock()
         self.stats = AnswerCacheStats()
-        self._heads = (
-            AnswerHeads(self._scope_rows, config.head_min_wordings) if config.head_confidence is not None else None
+        bound = Bound(config.max_error_rate, config.bound_confidence) if config.max_error_rate is not None else None
+        heads = config.head_confidence is not None
+        self._scopes = (
+            ScopeModels(
+                self._scope_rows,
+                config.head_min_wordings if heads else None,
+                bound,
+                config.neighbors,
+                config.verify,
+                min_entries=2 * config.head_min_wordings,
+            )
+            if heads or bound is not None
+            else None
         )
         if entries is not None:
             self._load(entries)
@@ -188,10 +200,14 @@ class AnswerCache:
             if key not in self._indexes:
                 self.stats.misses += 1
                 return None
+            point = self._point(key, intent_scoped)
+            if point is None:
+                self.stats.refused_without_evidence += 1
+                self.stats.misses += 1
+                return None
         vector = embedding if embedding is not None else self._embed([normalized])[0]
         with self._lock:
-            threshold = self.config.intent_similarity_threshold if intent_scoped else self.config.similarity_threshold
-            candidates = self._choose(key, vector, threshold)
+            candidates = self._choose(key, vector, point)
             if not candidates:
                 self.stats.misses += 1
                 return None
@@ -230,45 +246,42 @@ class AnswerCache:
         entry_id = self._exact.get(key, {}).get(normalized)
         return entry_id if entry_id is not None and self._alive(entry_id) else None
 
-    def _choose(self, key: str, vector: np.ndarray, threshold: float) -> list[tuple[int, float]]:
-        """Stored wordings of the one answer `vector` asks for, closest first; none when unclear.
+    def _point(self, key: str, intent_scoped: bool) -> OperatingPoint | None:
+        """How sure a lookup in this scope must be to serve by meaning; None: exact repeats only.
+
+        Under an error bound it is the point the scope's calibration certified (none until it
+        has certified one). A confirmed cacheable intent's scope is the dialogue's: the state
+        machine vouches for the meaning, so its own threshold applies, bound or not.
+        """
+        config = self.config
+        if intent_scoped:
+            return OperatingPoint(config.intent_similarity_threshold, config.margin, config.head_confidence or 1.0)
+        if config.max_error_rate is None:
+            return OperatingPoint(config.similarity_threshold, config.margin, config.head_confidence or 1.0)
+        calibration = self._scopes.calibration(key) if self._scopes is not None else None
+        return calibration.point if calibration is not None else None
+
+    def _choose(self, key: str, vector: np.ndarray, point: OperatingPoint) -> list[tuple[int, float]]:
+        """Stored wordings of the one answer `vector` asks for that clear `point`, closest first; none when unclear.
 
         The scope's answer head chooses the answer when it has one and knows the answer of the
-        nearest wording (it must be `head_confidence` sure); else the neighbours vote. Either
-        way only wordings at least `threshold` similar are returned.
+        nearest wording (it must be `point.head_confidence` sure); else the neighbours vote and the
+        best answer must lead the nearest different one by `point.margin` (`decision.read`).
         """
-        confidence = self.config.head_confidence
-        head = self._heads.get(key) if self._heads is not None else None
+        head = self._scopes.head(key) if self._scopes is not None and self.config.head_confidence is not None else None
         reach = self.config.neighbors * (_HEAD_REACH if head is not None else 1)
         found = [(i, s) for i, s in self._indexes[key].search(vector, reach) if self._alive(i)]
-        if not found:
+        reading = read(found, lambda entry_id: self._entries[entry_id].answer_key, head, vector, self.config.neighbors)
+        if reading is None:
             return []
-        if head is not None and confidence is not None and self._entries[found[0][0]].answer_key in head.known:
-            answer, probability = head.predict(vector)
-            if answer is not None:
-                if probability < confidence:
-                    self.stats.refused_by_head += 1
-                    return []
-                return [(i, s) for i, s in found if s >= threshold and self._entries[i].answer_key == answer][: self.config.neighbors]
-        return self._vote(found[: self.config.neighbors], threshold)
-
-    def _vote(self, neighbours: list[tuple[int, float]], threshold: float) -> list[tuple[int, float]]:
-        """Entries of the best answer above the threshold, closest first; none when the vote is unclear.
-
-        The best answer must clear the threshold and beat every other answer among the
-        neighbours by the margin: a question between two answers gets neither.
-        """
-        by_answer: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        for entry_id, similarity in neighbours:
-            by_answer[self._entries[entry_id].answer_key].append((similarity, entry_id))
-        ranked = sorted((max(found), answer) for answer, found in by_answer.items())[::-1]
-        (best_similarity, _), winner = ranked[0]
-        if best_similarity < threshold:
+        wordings = reading.wordings_from(point.threshold)
+        if wordings and not reading.admits(point):
+            if reading.head_probability is not None:
+                self.stats.refused_by_head += 1
+            else:
+                self.stats.refused_as_ambiguous += 1
             return []
-        if len(ranked) > 1 and best_similarity - ranked[1][0][0] < self.config.margin:
-            self.stats.refused_as_ambiguous += 1
-            return []
-        return [(entry_id, sim) for sim, entry_id in sorted(by_answer[winner], reverse=True) if sim >= threshold]
+        return wordings
 
     def _alive(self, entry_id: int) -> bool:
         entry = self._entries.get(entry_id)
@@ -367,8 +380,8 @@ class AnswerCache:
             index = self._indexes[record.scope] = VectorIndex(vector.shape[0])
         index.add(record.id, vector)
         self._bytes += nbytes
-        if self._heads is not None:
-            self._heads.changed(record.scope, len(index))
+        if self._scopes is not None:
+            self._scopes.changed(record.scope, len(index))
 
     def _remove(self, entry_ids: list[int]) -> None:
         """Drop entries from memory and, in one transaction, from the database."""
@@ -382,8 +395,8 @@ class AnswerCache:
             index.remove(entry_id)
             if not exact and not len(index):  # follow-up scopes are many and short-lived
                 del self._exact[scope], self._indexes[scope]
-            if self._heads is not None:
-                self._heads.changed(scope, len(index))
+            if self._scopes is not None:
+                self._scopes.changed(scope, len(index))
             self._bytes -= entry.nbytes
         if self._entries_db is not None and entry_ids:
             self._entries_db.delete(entry_ids)
@@ -475,25 +488,28 @@ class AnswerCache:
         finally:
             self._syncing.release()
 
-    def train_heads(self) -> None:
-        """Fit every scope's answer head on its current entries now, after a bulk load.
+    def calibrate(self) -> None:
+        """Fit every scope's answer head, and under an error bound its calibration, on its current entries now.
 
-        Heads otherwise follow the entries in the background, refitted once a scope has changed by
-        a tenth, so right after many stores a lookup may still be judged by an older head.
+        They otherwise follow the entries in the background, refitted once a scope has changed by
+        a tenth, so right after a bulk load a lookup may still be judged by an older head, and
+        under a bound a new scope serves exact repeats only until its calibration is done.
         """
-        if self._heads is not None:
+        if self._scopes is not None:
             with self._lock:  # a scope too small for a head has none: no need to read its rows
                 keys = [key for key, index in self._indexes.items() if len(index) >= 2 * self.config.head_min_wordings]
-            self._heads.fit_now(keys)
+            self._scopes.fit_now(keys)
 
-    def _scope_rows(self, key: str) -> tuple[np.ndarray, list[str]]:
-        """The scope's live question vectors and their answer keys, for its answer head."""
+    def _scope_rows(self, key: str) -> ScopeRows:
+        """The scope's live entries, for its answer head and calibration."""
         with self._lock:
             now = self._clock()
             live = [e for e in self._entries.values() if e.record.scope == key and e.record.expires_at > now]
             if not live:
-                return np.zeros((0, self._dim or 1), dtype=np.float32), []
-            return np.stack([e.vector for e in live]), [e.answer_key for e in live]
+                return ScopeRows(np.zeros((0, self._dim or 1), dtype=np.float32), [], [])
+            return ScopeRows(
+                np.stack([e.vector for e in live]), [e.answer_key for e in live], [e.record.question for e in live]
+            )
 
     def _dimension(self) -> int:
         if self._dim is None:
@@ -513,8 +529,8 @@ class AnswerCache:
             self._entries.clear()
             self._exact.clear()
             self._indexes.clear()
-            if self._heads is not None:
-                self._heads.clear()
+            if self._scopes is not None:
+                self._scopes.clear()
             self._bytes = 0
             if self._entries_db is not None:
                 self._entries_db.clear()
@@ -529,4 +545,7 @@ class AnswerCache:
             self.stats.entries = len(self._entries)
             self.stats.bytes = self._bytes
             self.stats.prefetched_entries = sum(e.record.prefetched for e in self._entries.values())
+            if self.config.max_error_rate is not None and self._scopes is not None:
+                self.stats.scopes_by_meaning = self._scopes.certified_scopes()
+                self.stats.scopes_exact_only = len(self._indexes) - self.stats.scopes_by_meaning
             return replace(self.stats, refusal_reasons=dict(self.stats.refusal_reasons))

@@ -16,11 +16,8 @@ its fit (the cache leaves a question whose nearest wording has such an answer to
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections import Counter
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,10 +29,6 @@ from sklearn.linear_model import LogisticRegression
 _REGULARISATION_C = 10.0
 _OTHER = ""  # the class of every answer with too few wordings to learn; no answer key is empty
 
-Snapshot = Callable[[str], tuple[np.ndarray, list[str]]]
-"""A scope's key to its live question vectors and, row for row, their answer keys."""
-
-
 @dataclass(frozen=True)
 class AnswerHead:
     """A classifier fitted on one scope's entries.
@@ -43,14 +36,11 @@ class AnswerHead:
     Attributes:
         classes: the answer key of each output, `_OTHER` for the rare answers' class.
         known: every answer key the fit saw, rare ones included.
-        entries: how many entries it was fitted on (the cache refits when the scope has grown
-            or shrunk by `refit_share` since).
     """
 
     model: LogisticRegression
     classes: tuple[str, ...]
     known: frozenset[str]
-    entries: int
 
     def predict(self, vector: np.ndarray) -> tuple[str | None, float]:
         """The answer key the head gives `vector` (None for the rare answers' class) and its probability."""
@@ -72,72 +62,4 @@ def fit_head(vectors: np.ndarray, answers: list[str], min_wordings: int) -> Answ
         # lbfgs stopping a little short of its tolerance changes no decision worth a warning per fit
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(vectors, labels)
-    return AnswerHead(model, tuple(str(c) for c in model.classes_), frozenset(counts), len(answers))
-
-
-class AnswerHeads:
-    """One head per scope that has enough wordings, refitted in one background thread.
-
-    A scope's head is refitted when its live entries have changed in number by `refit_share`
-    since the last fit (a fit of 8,000 entries takes about 3 s on 2 cores, so it is not done per
-    store), or at once by `fit_now` after a bulk load. Lookups use whichever head is current.
-    """
-
-    def __init__(self, snapshot: Snapshot, min_wordings: int, refit_share: float = 0.1) -> None:
-        self._snapshot = snapshot
-        self._min_wordings = min_wordings
-        self._refit_share = refit_share
-        self._heads: dict[str, AnswerHead] = {}
-        self._pending: set[str] = set()
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._worker: ThreadPoolExecutor | None = None
-
-    def get(self, key: str) -> AnswerHead | None:
-        with self._lock:
-            return self._heads.get(key)
-
-    def changed(self, key: str, live_entries: int) -> None:
-        """The scope now has `live_entries`: refit it in the background when it has drifted from its fit."""
-        if live_entries < 2 * self._min_wordings:
-            with self._lock:
-                self._heads.pop(key, None)
-            return
-        with self._lock:
-            head = self._heads.get(key)
-            if key in self._pending:
-                return
-            if head is not None and abs(live_entries - head.entries) < self._refit_share * head.entries:
-                return
-            self._pending.add(key)
-            if self._worker is None:
-                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="answer-heads")
-            self._worker.submit(self._refit, key)
-
-    def fit_now(self, keys: list[str]) -> None:
-        """Wait for the background fits, then fit every scope in `keys` on its current entries."""
-        with self._idle:
-            self._idle.wait_for(lambda: not self._pending)
-        for key in keys:
-            self._fit(key)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._heads.clear()
-
-    def _refit(self, key: str) -> None:
-        try:
-            self._fit(key)
-        finally:
-            with self._idle:
-                self._pending.discard(key)
-                self._idle.notify_all()
-
-    def _fit(self, key: str) -> None:
-        vectors, answers = self._snapshot(key)
-        head = fit_head(vectors, answers, self._min_wordings)
-        with self._lock:
-            if head is None:
-                self._heads.pop(key, None)
-            else:
-                self._heads[key] = head
+    return AnswerHead(model, tuple(str(c) for c in model.classes_), frozenset(counts))

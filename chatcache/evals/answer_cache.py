@@ -135,10 +135,7 @@ def evaluate_answer_cache(
         cache = AnswerCache(run_config, embed)
         for (text, answer), vector in zip(stored, train_vectors):
             cache.store(text, answer, SCOPE, ENTROPY_BITS, LATENCY_MS, embedding=vector)
-        if run_config.max_error_rate is None:
-            cache.train_heads()
-        else:
-            cache.calibrate()
+        cache.calibrate()
         hits = [cache.lookup(text, SCOPE, embedding=vector) for (text, _), vector in zip(test, test_vectors)]
         result = scored([h.answer if h else None for h in hits], [h.question if h else None for h in hits])
         stats = cache.snapshot()

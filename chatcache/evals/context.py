@@ -116,7 +116,7 @@ def _run(
         if where is not None and where.storable:
             cache.store(turn.question, turn.answer, where.scope, 0.0, 100.0, embedding=vectors[turn.question])
             stored.append((turn, where))
-    cache.train_heads()
+    cache.calibrate()
     follow_ups = [(turn, where) for turn, where in stored if turn.index > 0]
     own = [_lookup(cache, turn, where, vectors[turn.question]) == turn.answer for turn, where in follow_ups]
     said = {normalize(turn.question) for turn, _ in follow_ups}

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope, normalize
-from chatcache.answer_cache.heads import AnswerHeads, fit_head
+from chatcache.answer_cache.heads import fit_head
+from chatcache.answer_cache.scope_models import ScopeModels, ScopeRows
 from chatcache.errors import ConfigError
 
 BOT = Scope("model@1", "bot-a")
@@ -50,7 +51,7 @@ def filled(space: Space, **config: object) -> AnswerCache:
     for answer, direction in (("Answer A.", axis(1)), ("Answer B.", axis(0, 1))):
         for text in space.cluster(answer, direction, 20):
             assert answers.store(text, answer, BOT, 1.0, 100)
-    answers.train_heads()
+    answers.calibrate()
     return answers
 
 
@@ -62,7 +63,7 @@ def test_a_head_serves_the_answer_a_stray_wording_made_ambiguous_to_the_vote() -
         question = space.place("a question about A", axis(1, 0.1, 0.05))
         answers = filled(space, head_confidence=confidence)
         answers.store(space.place("a stray wording of B", axis(1, 0.12, -0.05, 0.05)), "Answer B.", BOT, 1.0, 100)
-        answers.train_heads()
+        answers.calibrate()
         hit = answers.lookup(question, BOT)
         if confidence is not None:
             assert hit is not None and hit.answer == "Answer A."
@@ -116,10 +117,10 @@ def test_heads_follow_their_scope_in_a_background_thread() -> None:
     rows: dict[str, tuple[list[np.ndarray], list[str]]] = {"s": ([], [])}
     lock = threading.Lock()
 
-    def snapshot(key: str) -> tuple[np.ndarray, list[str]]:
+    def snapshot(key: str) -> ScopeRows:
         with lock:
             vectors, labels = rows[key]
-            return np.stack(vectors), list(labels)
+            return ScopeRows(np.stack(vectors), list(labels), [f"q{i}" for i in range(len(labels))])
 
     def add(answer: str, direction: list[float], count: int) -> None:
         with lock:
@@ -127,7 +128,7 @@ def test_heads_follow_their_scope_in_a_background_thread() -> None:
                 rows["s"][0].append(space.embed([text])[0])
                 rows["s"][1].append(answer)
 
-    heads = AnswerHeads(snapshot, min_wordings=5)
+    heads = ScopeModels(snapshot, head_min_wordings=5, bound=None, neighbors=10, checked=True, min_entries=10)
     add("a", axis(1), 10)
     add("b", axis(0, 1), 10)
     caller = threading.get_ident()
@@ -141,21 +142,21 @@ def test_heads_follow_their_scope_in_a_background_thread() -> None:
     heads._fit = recording_fit  # type: ignore[method-assign]
     heads.changed("s", 20)
     deadline = time.monotonic() + 30
-    while heads.get("s") is None and time.monotonic() < deadline:
+    while heads.head("s") is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    first = heads.get("s")
+    first = heads.head("s")
     assert first is not None and first.known == {"a", "b"} and fitted_on and caller not in fitted_on
     add("c", axis(0, 0, 1), 1)
     heads.changed("s", 21)  # a twentieth: the head stays as it is
     heads.fit_now([])
-    assert heads.get("s") is first
+    assert heads.head("s") is first
     add("c", axis(0, 0, 1), 5)
     heads.changed("s", 26)
     heads.fit_now([])  # waits for the background fit
-    refitted = heads.get("s")
+    refitted = heads.head("s")
     assert refitted is not None and "c" in refitted.classes
     heads.changed("s", 3)
-    assert heads.get("s") is None
+    assert heads.head("s") is None
 
 
 def test_a_head_needs_two_answers_with_enough_wordings() -> None:

@@ -1,0 +1,155 @@
+"""How far along `decision.PATH` a scope may serve by meaning and keep its error under the user's bound.
+
+Why leave-one-out over the scope's own stored wordings: every stored wording is a question with
+a known answer, so asking each one of the scope without it is a trial of what a new question
+gets, right or wrong, on exactly the data the cache serves from (the guarantee holds as far as
+new questions resemble the stored ones; audits watch that on live traffic, `audits.py`). The
+answer head a trial meets is fitted without it (five-fold cross-fitting: five fits, not one per
+trial). A wording whose answer no other wording shares stands for a question the scope cannot
+answer: whatever it is served is wrong. `bound.last_certified` then picks the loosest point the
+trials certify at the user's confidence; none means exact repeats only.
+
+Compared on BANKING77's training file only with per-scope thresholds learnt online from audits
+(vCache's way) and conformal risk control on a calibration split (`bench/answer_cache_bound.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bound import last_certified, min_evidence, upper_bound
+from .decision import PATH, OperatingPoint, Reading, read
+from .heads import AnswerHead, fit_head
+from .verify import verify
+
+FOLDS = 5
+# At most this many stored wordings are asked, chosen at random: enough evidence for any bound
+# worth setting (0.1% needs 2,995), bounded so that a huge scope calibrates in seconds.
+MAX_TRIALS = 20_000
+_CHUNK = 1024  # questions whose similarities to the whole scope are computed at once
+_HEAD_REACH = 5  # as the lookup: a head's answer is served through this many times `neighbors`
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one scope's trials certified.
+
+    Attributes:
+        point: the loosest certified operating point; None serves exact repeats only.
+        trials: how many stored wordings were asked.
+        served: how many of them the chosen point serves (the loosest point's, when none is chosen).
+        errors: how many of those were served another answer.
+        upper: the upper confidence bound on the error rate of `served`.
+        needed: how many served trials without an error certify the bound at all.
+    """
+
+    point: OperatingPoint | None
+    trials: int
+    served: int
+    errors: int
+    upper: float
+    needed: int
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One stored wording asked of its scope without it: the first point serving it (None: none does) and whether that answer is wrong."""
+
+    rank: int | None
+    wrong: bool
+
+
+def calibrate(
+    trials: Sequence[Trial], max_error_rate: float, confidence: float, path: Sequence[OperatingPoint] = PATH
+) -> Calibration:
+    """The loosest point of `path` whose served trials certify `max_error_rate` at `confidence`."""
+    ranks = np.array([len(path) if t.rank is None else t.rank for t in trials], dtype=np.int64)
+    wrong = np.array([t.wrong for t in trials], dtype=bool)
+    served = [int(np.sum(ranks <= step)) for step in range(len(path))]
+    errors = [int(np.sum((ranks <= step) & wrong)) for step in range(len(path))]
+    step = last_certified(served, errors, max_error_rate, confidence)
+    at = len(path) - 1 if step is None else step
+    return Calibration(
+        point=None if step is None else path[step],
+        trials=len(trials),
+        served=served[at] if served else 0,
+        errors=errors[at] if errors else 0,
+        upper=upper_bound(errors[at], served[at], confidence) if served else 1.0,
+        needed=min_evidence(max_error_rate, confidence),
+    )
+
+
+def leave_one_out(
+    vectors: np.ndarray,
+    answers: Sequence[str],
+    questions: Sequence[str],
+    neighbors: int,
+    head_min_wordings: int | None,
+    checked: bool,
+    path: Sequence[OperatingPoint] = PATH,
+    seed: int = 0,
+) -> list[Trial]:
+    """Each stored wording (at most `MAX_TRIALS`) asked of the scope without it, as a lookup would.
+
+    Args:
+        vectors, answers, questions: the scope's live entries, row for row (unit vectors).
+        neighbors: the cache's `neighbors`.
+        head_min_wordings: the cache's `head_min_wordings`; None when it uses no answer heads.
+        checked: whether lookups run the verification checks.
+    """
+    count = len(answers)
+    if count < 2:
+        return [Trial(None, True) for _ in range(count)]
+    rng = np.random.default_rng(seed)
+    asked = np.sort(rng.permutation(count)[:MAX_TRIALS])
+    fold_of = np.empty(count, dtype=np.int64)
+    fold_of[rng.permutation(count)] = np.arange(count) % FOLDS
+    heads = _cross_fitted_heads(vectors, answers, fold_of, head_min_wordings)
+    answer_of = answers.__getitem__
+    trials = []
+    for start in range(0, len(asked), _CHUNK):
+        rows = asked[start : start + _CHUNK]
+        similarities = vectors[rows] @ vectors.T
+        similarities[np.arange(len(rows)), rows] = -np.inf  # not itself
+        for row, scores in zip(rows, similarities):
+            head = heads[fold_of[row]]
+            reach = min(count - 1, neighbors * (_HEAD_REACH if head is not None else 1))
+            nearest = np.argpartition(-scores, reach - 1)[:reach]
+            nearest = nearest[np.argsort(-scores[nearest], kind="stable")]
+            found = [(int(j), float(scores[j])) for j in nearest]
+            reading = read(found, answer_of, head, vectors[row], neighbors)
+            trials.append(_trial(reading, questions, int(row), answers[row], checked, path))
+    return trials
+
+
+def _trial(
+    reading: Reading | None, questions: Sequence[str], row: int, answer: str, checked: bool, path: Sequence[OperatingPoint]
+) -> Trial:
+    """The first point serving the question of `row` through a wording that passes verification."""
+    if reading is None:
+        return Trial(None, True)
+    similarity = next(
+        (s for j, s in reading.wordings if not checked or verify(questions[row], questions[j]).ok),
+        None,
+    )
+    wrong = reading.answer_key != answer
+    if similarity is None:
+        return Trial(None, wrong)
+    rank = next((step for step, point in enumerate(path) if similarity >= point.threshold and reading.admits(point)), None)
+    return Trial(rank, wrong)
+
+
+def _cross_fitted_heads(
+    vectors: np.ndarray, answers: Sequence[str], fold_of: np.ndarray, min_wordings: int | None
+) -> list[AnswerHead | None]:
+    """One head per fold, fitted on the other folds' entries."""
+    if min_wordings is None or len(answers) < 2 * min_wordings:
+        return [None] * FOLDS
+    heads = []
+    for fold in range(FOLDS):
+        kept = np.flatnonzero(fold_of != fold)
+        heads.append(fit_head(vectors[kept], [answers[int(i)] for i in kept], min_wordings))
+    return heads
