@@ -14,13 +14,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used, so `chatcache --help` starts without torch
-    from chatcache import ChatEngine, ChatModel
+    from chatcache import AnswerCacheConfig, ChatEngine, ChatModel
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful, concise assistant."
 PRECISIONS = ("exact", "int8")  # chatcache.model.loading's, named here so that --help does not import torch
 PRECISION_HELP = (
     "a local model's products: exact (default) or int8 (CPU only: about 2x faster decode, reused KV still"
     " exact, replies a little different from exact ones)"
+)
+MAX_ERROR_RATE_HELP = (
+    "the share of answers the answer cache serves by meaning that may be wrong, in (0, 0.5), e.g. 0.01;"
+    " a scope without the evidence to hold it serves exact repeats only (default: fixed thresholds, no bound)"
 )
 KV_KEY_FILE_HELP = (
     "the keys that sign spilled KV, one a line, newest first (default: $CHATCACHE_KV_KEY, else a key generated"
@@ -43,12 +47,36 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bot", default=None, help="bot definition: a YAML file or a shipped bot name")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--no-drift", action="store_true", help="do not detect topic changes")
-    parser.add_argument("--no-answer-cache", action="store_true", help="always run the model")
+    answer_cache = parser.add_mutually_exclusive_group()
+    answer_cache.add_argument("--no-answer-cache", action="store_true", help="always run the model")
+    answer_cache.add_argument("--max-error-rate", type=float, default=None, help=MAX_ERROR_RATE_HELP)
     parser.add_argument(
         "--user",
         default=None,
         help="whose sessions to use (default: 'app' in the chat app, 'local' for ask, --plain and Python scripts)",
     )
+
+
+def _answer_cache_flags(parser: argparse.ArgumentParser) -> None:
+    """The answer cache's bound, for `serve` and for every replica of `cluster up`."""
+    parser.add_argument("--answer-cache-max-error-rate", type=float, default=None, help=MAX_ERROR_RATE_HELP)
+    parser.add_argument("--answer-cache-confidence", type=float, default=None, help="how sure that bound is, in [0.5, 1) (default 0.95)")
+    parser.add_argument(
+        "--answer-cache-audit-rate", type=float, default=None,
+        help="the share of cached answers the model answers again to check the bound on live questions (default 0: unwatched)",
+    )  # fmt: skip
+
+
+def _answer_cache(args: argparse.Namespace) -> bool | AnswerCacheConfig:
+    """What the engine's `answer_cache` is given: a bad --max-error-rate raises ConfigError here,
+    before the model loads."""
+    if args.no_answer_cache:
+        return False
+    if args.max_error_rate is None:
+        return True
+    from .answer_cache.config import AnswerCacheConfig
+
+    return AnswerCacheConfig(max_error_rate=args.max_error_rate)
 
 
 def _evaluation(name: str) -> Callable[[list[str]], int]:
@@ -102,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--rate-limit", type=float, default=None, help="requests per second per API key")
     serve.add_argument("--busy-session", choices=("wait", "reject"), default=None, help="a session's message while its turn runs: wait (default) or 409")
     serve.add_argument("--drain-seconds", type=float, default=None, help="on SIGTERM, how long running turns may take to finish (default 30)")
+    _answer_cache_flags(serve)
     cluster = commands.add_parser("cluster", help="replicas of `serve` on one PostgreSQL behind HAProxy, on this machine: up, status, down")
     cluster_actions = cluster.add_subparsers(dest="action", required=True)
     cluster_up = cluster_actions.add_parser("up", help="start PostgreSQL, N replicas and the router; print the router's URL")
@@ -111,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster_up.add_argument("--bot", default=None, help="each replica's bot: a YAML file or a shipped bot name")
     cluster_up.add_argument("--model", default=None, help="each replica's model: 'bundled' (default), a model id or a path")
     cluster_up.add_argument("--kv-key-file", type=Path, default=None, help=KV_KEY_FILE_HELP + "; default: one generated for the cluster")
+    _answer_cache_flags(cluster_up)
     cluster_status = cluster_actions.add_parser("status", help="each replica's URL and process id, the router's, the database URL")
     cluster_status.add_argument("--json", action="store_true", help="print one JSON object")
     cluster_actions.add_parser("down", help="stop the replicas (they drain and spill), the router and the database")
@@ -126,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _engine_factory(args: argparse.Namespace, user_id: str = "local") -> Callable[[str | None], ChatEngine]:
     """Engines for one model: the chat app builds a new one when the user switches bots."""
+    answer_cache = _answer_cache(args)
     from chatcache import ChatEngine, load_chat_model
     from chatcache.model.remote import RemoteModel, connect_remote_model, is_remote
 
@@ -143,7 +174,7 @@ def _engine_factory(args: argparse.Namespace, user_id: str = "local") -> Callabl
             store=args.db,
             bot=bot,
             drift=not args.no_drift,
-            answer_cache=not args.no_answer_cache,
+            answer_cache=answer_cache,
             user_id=args.user or user_id,
         )
 
@@ -188,7 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     flags = {name: getattr(args, name) for name in (
         "bot", "model", "precision", "db", "kv_dir", "kv_key_file", "system_prompt", "host", "port", "ttft_slo", "max_queue", "api_key_file", "rate_limit",
-        "busy_session", "drain_seconds",
+        "busy_session", "drain_seconds", "answer_cache_max_error_rate", "answer_cache_confidence", "answer_cache_audit_rate",
     )}  # fmt: skip
     try:
         settings = ServeSettings.load(args.config, **flags)
@@ -235,6 +266,7 @@ def _cluster(args: argparse.Namespace) -> int:
         return 0
     options = [*(["--bot", args.bot] if args.bot else []), *(["--model", args.model] if args.model else [])]
     try:
+        options += _replica_answer_cache_flags(args)
         _check_bot(args.bot)
         state = cluster.up(args.replicas, args.port, args.db, options, kv_key_file=args.kv_key_file)
     except (ConfigError, BotDefinitionError, RuntimeError) as error:
@@ -242,6 +274,24 @@ def _cluster(args: argparse.Namespace) -> int:
         return 2
     print(state.router.url)
     return 0
+
+
+def _replica_answer_cache_flags(args: argparse.Namespace) -> list[str]:
+    """The answer-cache flags `cluster up` was given, as each replica's `serve` takes them.
+
+    Raises:
+        ConfigError: a value `AnswerCacheConfig` refuses, before any replica starts (each would
+            refuse it on its own, once the database and the others were up).
+    """
+    from .answer_cache.config import AnswerCacheConfig
+
+    given = [
+        ("--answer-cache-max-error-rate", "max_error_rate", args.answer_cache_max_error_rate),
+        ("--answer-cache-confidence", "bound_confidence", args.answer_cache_confidence),
+        ("--answer-cache-audit-rate", "audit_rate", args.answer_cache_audit_rate),
+    ]
+    AnswerCacheConfig(**{field: value for _, field, value in given if value is not None})
+    return [item for flag, _, value in given if value is not None for item in (flag, str(value))]
 
 
 def _offline_by_default() -> None:

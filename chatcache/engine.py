@@ -36,7 +36,7 @@ from dialog import (
 )
 from storage import ChatSession, SessionStore
 
-from .answer_cache import AnswerCache, AnswerCacheConfig, CacheHit, Scope, bot_fingerprint
+from .answer_cache import AnswerCache, AnswerCacheConfig, BoundStatus, CacheHit, Scope, bot_fingerprint
 from .answer_cache.answering import AnswerScope, CachedAnswers
 from .config import GenerationConfig, TokenTierConfig, default_data_dir
 from .tiers.conversations import Conversation, Conversations, check_storable
@@ -241,6 +241,7 @@ class ChatEngine:
                 answer_cache if isinstance(answer_cache, AnswerCacheConfig) else AnswerCacheConfig(),
                 self._embed,  # type: ignore[arg-type]
                 store.answers,
+                audits=store.answer_audits,
             )
             if answer_cache
             else None
@@ -681,6 +682,13 @@ class ChatEngine:
     def kv_stats(self) -> TokenTierStats:
         """The token tier's counters; all zero on a remote model, whose KV is its server's."""
         return self.token_tier.stats() if self.token_tier is not None else TokenTierStats()
+
+    def answer_cache_bound(self) -> BoundStatus | None:
+        """The answer cache's error bound and what the audits measured (every replica's), for the
+        app's panel and the server's replies; None without an answer cache or without a bound."""
+        if self.answer_cache is None or self.answer_cache.config.max_error_rate is None:
+            return None
+        return self.answer_cache.bound_status()
 
     # -- one turn ---------------------------------------------------------------------
 

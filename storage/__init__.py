@@ -29,13 +29,16 @@ from storage.errors import (
 )
 from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
 from storage.answers import AnswerEntries, AnswerRecord
+from storage.audits import AnswerAudits, AuditRecord
 from storage.engine import default_data_dir
 from storage.leases import Lease, SessionHead
 from storage.store import DEFAULT_TTL, CommittedTurn, NewFact, SessionStore
 
 __all__ = [
+    "AnswerAudits",
     "AnswerEntries",
     "AnswerRecord",
+    "AuditRecord",
     "Lease",
     "LeaseLostError",
     "SessionBusyError",

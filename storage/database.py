@@ -18,6 +18,11 @@ from storage.engine import IMMEDIATE, create_storage_engine, describe, is_busy, 
 from storage.errors import CorruptDatabaseError, StorageBusyError, StorageConfigError
 from storage.migrations import migrate
 
+# A reader following a table by id (`added_after`) re-reads this many ids below the highest it
+# has seen: another process may commit a lower id after a higher one (ids are handed out
+# before commit).
+SYNC_OVERLAP = 16
+
 
 def rows_changed(db: Session, statement: Update | Delete) -> int:
     """Run an UPDATE or DELETE in `db`'s transaction; return how many rows it matched."""

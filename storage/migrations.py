@@ -158,10 +158,28 @@ def _add_turn_leases_and_reply_to(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {kind.compile(dialect=conn.dialect)}"))
 
 
+def _create_answer_audits(conn: Connection) -> None:
+    """Version 4: the answer cache's audits (a served answer checked against the model's own), shared by replicas."""
+    v4 = MetaData()
+    Table(
+        "answer_audits",
+        v4,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("scope", String(64), nullable=False),
+        Column("entry_id", Integer, nullable=False),
+        Column("exact", Boolean, nullable=False),
+        Column("similarity", Float, nullable=False),
+        Column("agreed", Boolean, nullable=False),
+        Column("audited_at", DateTime, nullable=False),
+    )
+    v4.create_all(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create sessions, messages and session facts", _create_tables),
     Migration(2, "create answer cache entries", _create_answer_entries),
     Migration(3, "add turn leases to sessions and reply_to to messages", _add_turn_leases_and_reply_to),
+    Migration(4, "create answer cache audits", _create_answer_audits),
 )
 
 

@@ -195,3 +195,21 @@ class AnswerEntryRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AnswerAuditRow(Base):
+    """A row of `answer_audits`: one served answer the model answered again, and whether they agreed.
+
+    `entry_id` is not a foreign key: an audit is evidence about the cache's decisions and outlives
+    the entry it checked (evicted or expired).
+    """
+
+    __tablename__ = "answer_audits"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(64))
+    entry_id: Mapped[int] = mapped_column(Integer)
+    exact: Mapped[bool] = mapped_column(Boolean)
+    similarity: Mapped[float] = mapped_column(Float)
+    agreed: Mapped[bool] = mapped_column(Boolean)
+    audited_at: Mapped[datetime] = mapped_column(UTCDateTime)

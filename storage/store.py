@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage.answers import AnswerEntries
+from storage.audits import AnswerAudits
 from storage.database import Database, rows_changed
 from storage.engine import default_data_dir, sqlite_url
 from storage.errors import (
@@ -132,6 +133,11 @@ class SessionStore:
     def answers(self) -> AnswerEntries:
         """The answer cache's entries, in this same database."""
         return AnswerEntries(self._db)
+
+    @property
+    def answer_audits(self) -> AnswerAudits:
+        """The answer cache's audits, in this same database (every replica's)."""
+        return AnswerAudits(self._db)
 
     def close(self) -> None:
         """Close every pooled connection; records already returned stay valid."""

@@ -172,7 +172,7 @@ class ChatApp(App[int]):
     def refresh_panel(self) -> None:
         panel = self.query_one(CachePanel)
         panel.show_turns(self.turns)
-        panel.show_memory(self.engine.kv_stats(), self.answered, self.answer_hits)
+        panel.show_memory(self.engine.kv_stats(), self.answered, self.answer_hits, self.engine.answer_cache_bound())
 
     def _busy(self) -> bool:
         if self.generating:

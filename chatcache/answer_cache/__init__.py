@@ -1,5 +1,6 @@
 """The answer cache (DSAC): context-scoped semantic caching of whole answers."""
 
+from .audits import BoundStatus
 from .cache import AnswerCache, AnswerCacheStats, CacheHit
 from .config import AnswerCacheConfig
 from .keys import Scope, bot_fingerprint, conversation_context, intent_context, normalize
@@ -11,6 +12,7 @@ __all__ = [
     "AnswerCache",
     "AnswerCacheConfig",
     "AnswerCacheStats",
+    "BoundStatus",
     "CacheHit",
     "LfuPlus",
     "Scope",

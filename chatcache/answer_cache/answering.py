@@ -174,7 +174,7 @@ class CachedAnswers:
         if self._audit_rng.random() >= self.cache.config.audit_rate:
             return
         completion = self.runner.answer(prompt(), params)
-        self.cache.record_audit(normalize(completion.text) == normalize(hit.answer))
+        self.cache.record_audit(hit, normalize(completion.text) == normalize(hit.answer))
 
     def prefetcher(self, store: SessionStore, answer: Answer, busy: Callable[[], bool]) -> Prefetcher:
         """A background prefetcher whose next-question model is learned from the stored

@@ -27,6 +27,17 @@ def upper_bound(errors: int, served: int, confidence: float) -> float:
     return float(beta.ppf(confidence, errors + 1, served - errors))
 
 
+def lower_bound(errors: int, served: int, confidence: float) -> float:
+    """The one-sided lower confidence bound on the error rate after `errors` wrong of `served`.
+
+    Above a target, the error rate is over the target with probability `confidence`: the
+    audits' evidence that a scope broke its bound (`audits.AuditLedger.breached`).
+    """
+    if served <= 0 or errors <= 0:
+        return 0.0
+    return float(beta.ppf(1.0 - confidence, errors, served - errors + 1))
+
+
 def interval(errors: int, served: int, confidence: float = 0.95) -> tuple[float, float]:
     """The two-sided exact confidence interval on the error rate (both ends at (1 - confidence) / 2)."""
     if served <= 0:

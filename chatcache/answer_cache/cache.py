@@ -26,9 +26,11 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from storage import AnswerEntries, AnswerRecord
+from storage import AnswerAudits, AnswerEntries, AnswerRecord
+from storage.database import SYNC_OVERLAP
 from storage.rules import text_problem
 
+from .audits import AuditLedger, BoundStatus
 from .config import AnswerCacheConfig
 from .decision import OperatingPoint, read
 from .index import VectorIndex
@@ -39,9 +41,6 @@ from .verify import Verdict, echoes_particulars, verify
 
 Embed = Callable[[list[str]], np.ndarray]
 _ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, besides text and vector
-# A look at the table re-reads this many ids below the highest it has seen: another process
-# may commit a lower id after a higher one (ids are handed out before commit).
-SYNC_OVERLAP = 16
 # An answer head's choice is served through its wordings among this many times `neighbors`
 # nearest entries: enough to find those above the threshold, bounded for HNSW's sake.
 _HEAD_REACH = 5
@@ -49,7 +48,7 @@ _HEAD_REACH = 5
 
 @dataclass(frozen=True)
 class CacheHit:
-    """An answer served from the cache and why."""
+    """An answer served from the cache and why; `scope` is the key of the scope it was found in."""
 
     entry_id: int
     answer: str
@@ -57,6 +56,7 @@ class CacheHit:
     similarity: float
     exact: bool
     prefetched: bool
+    scope: str
 
 
 @dataclass
@@ -69,7 +69,7 @@ class AnswerCacheStats:
     refused_by_verification: int = 0
     refused_as_ambiguous: int = 0
     refused_by_head: int = 0  # the scope's answer head was not confident enough of any answer
-    refused_without_evidence: int = 0  # under a bound, the scope has not certified any point yet
+    refused_without_evidence: int = 0  # under a bound, the scope has not certified a point (or its audits breached it)
     scopes_by_meaning: int = 0  # under a bound, scopes whose calibration certified a point
     scopes_exact_only: int = 0  # under a bound, calibrated scopes that serve exact repeats only
     stores: int = 0
@@ -81,8 +81,9 @@ class AnswerCacheStats:
     bytes: int = 0
     prefetched_entries: int = 0
     prefetched_hits: int = 0
-    audits: int = 0
+    audits: int = 0  # this process's audits (`bound_status` counts every replica's)
     audit_agreements: int = 0
+    audit_errors: int = 0  # audits whose served answer the model did not give
     refusal_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -120,6 +121,8 @@ class AnswerCache:
         embed: texts to unit-normalised rows (the engine passes its sentence embedder).
         entries: the session database's answer table; None keeps the cache in memory only.
         clock: aware UTC now, for TTLs (tests pass a fake one).
+        audits: the same database's audit table, so audits are kept and every replica counts
+            them (`audits.py`); None keeps them in memory.
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class AnswerCache:
         entries: AnswerEntries | None = None,
         clock: Callable[[], datetime] = _now,
         policy: LfuPlus | None = None,
+        audits: AnswerAudits | None = None,
     ) -> None:
         self.config = config
         self._embed = embed
@@ -145,6 +149,7 @@ class AnswerCache:
         self._synced_through = 0  # the highest entry id read from the table
         self._next_sync = 0.0  # monotonic time of the next look at the table
         self._syncing = threading.Lock()
+        self._audits = AuditLedger(config.max_error_rate, config.bound_confidence, audits, clock)
         self.stats = AnswerCacheStats()
         bound = Bound(config.max_error_rate, config.bound_confidence) if config.max_error_rate is not None else None
         heads = config.head_confidence is not None
@@ -250,7 +255,7 @@ class AnswerCache:
         """How sure a lookup in this scope must be to serve by meaning; None: exact repeats only.
 
         Under an error bound it is the point the scope's calibration certified (none until it
-        has certified one). A confirmed cacheable intent's scope is the dialogue's: the state
+        has certified one, nor once the scope's audits show its error above the bound). A confirmed cacheable intent's scope is the dialogue's: the state
         machine vouches for the meaning, so its own threshold applies, bound or not.
         """
         config = self.config
@@ -259,7 +264,9 @@ class AnswerCache:
         if config.max_error_rate is None:
             return OperatingPoint(config.similarity_threshold, config.margin, config.head_confidence or 1.0)
         calibration = self._scopes.calibration(key) if self._scopes is not None else None
-        return calibration.point if calibration is not None else None
+        if calibration is None or self._audits.breached(key):
+            return None  # not calibrated yet, or live questions have shown the calibration wrong
+        return calibration.point
 
     def _choose(self, key: str, vector: np.ndarray, point: OperatingPoint) -> list[tuple[int, float]]:
         """Stored wordings of the one answer `vector` asks for that clear `point`, closest first; none when unclear.
@@ -306,7 +313,8 @@ class AnswerCache:
         self.stats.exact_hits += exact
         self.stats.semantic_hits += not exact
         self.stats.prefetched_hits += entry.record.prefetched
-        return CacheHit(entry_id, entry.record.answer, entry.record.question, similarity, exact, entry.record.prefetched)
+        record = entry.record
+        return CacheHit(entry_id, record.answer, record.question, similarity, exact, record.prefetched, record.scope)
 
     # -- store --------------------------------------------------------------------------
 
@@ -450,8 +458,10 @@ class AnswerCache:
 
         An entry for a question this process already holds in the same scope is left out (two
         replicas that answered it at once), as is a damaged one (its vector is not a unit vector
-        of the embedder's size; the next start deletes it).
+        of the embedder's size; the next start deletes it). The audits other processes stored
+        are counted too.
         """
+        self._audits.sync()
         if self._entries_db is None:
             return 0
         records = self._entries_db.added_after(max(0, self._synced_through - SYNC_OVERLAP))
@@ -535,10 +545,20 @@ class AnswerCache:
             if self._entries_db is not None:
                 self._entries_db.clear()
 
-    def record_audit(self, agreed: bool) -> None:
+    def record_audit(self, hit: CacheHit, agreed: bool) -> None:
+        """Count an audit of `hit`: whether the model, asked the question from scratch, gave the served answer."""
         with self._lock:
             self.stats.audits += 1
             self.stats.audit_agreements += agreed
+            self.stats.audit_errors += not agreed
+        self._audits.record(hit.scope, hit.entry_id, hit.exact, hit.similarity, agreed)
+
+    def bound_status(self) -> BoundStatus:
+        """The bound, the scopes it lets serve by meaning, and what every replica's audits measured:
+        from memory, cheap enough for every turn."""
+        with self._lock:
+            by_meaning, exact_only = self.stats.scopes_by_meaning, self.stats.scopes_exact_only
+        return self._audits.status(by_meaning, exact_only)
 
     def snapshot(self) -> AnswerCacheStats:
         with self._lock:

@@ -15,7 +15,7 @@ Compared on BANKING77's training file only with per-scope thresholds learnt onli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,33 +108,39 @@ def leave_one_out(
     fold_of = np.empty(count, dtype=np.int64)
     fold_of[rng.permutation(count)] = np.arange(count) % FOLDS
     heads = _cross_fitted_heads(vectors, answers, fold_of, head_min_wordings)
-    answer_of = answers.__getitem__
     trials = []
     for start in range(0, len(asked), _CHUNK):
         rows = asked[start : start + _CHUNK]
         similarities = vectors[rows] @ vectors.T
         similarities[np.arange(len(rows)), rows] = -np.inf  # not itself
-        for row, scores in zip(rows, similarities):
+        for row, scores in zip(rows.tolist(), similarities):
             head = heads[fold_of[row]]
             reach = min(count - 1, neighbors * (_HEAD_REACH if head is not None else 1))
             nearest = np.argpartition(-scores, reach - 1)[:reach]
             nearest = nearest[np.argsort(-scores[nearest], kind="stable")]
             found = [(int(j), float(scores[j])) for j in nearest]
-            reading = read(found, answer_of, head, vectors[row], neighbors)
-            trials.append(_trial(reading, questions, int(row), answers[row], checked, path))
+            reading = read(found, answers.__getitem__, head, vectors[row], neighbors)
+            trials.append(trial(reading, questions[row], questions.__getitem__, answers[row], checked, path))
     return trials
 
 
-def _trial(
-    reading: Reading | None, questions: Sequence[str], row: int, answer: str, checked: bool, path: Sequence[OperatingPoint]
+def trial(
+    reading: Reading | None,
+    asked: str,
+    wording_of: Callable[[int], str],
+    answer: str,
+    checked: bool,
+    path: Sequence[OperatingPoint] = PATH,
 ) -> Trial:
-    """The first point serving the question of `row` through a wording that passes verification."""
+    """The first point serving `asked` (whose answer is `answer`) through a stored wording that passes verification.
+
+    Args:
+        reading: what `decision.read` found for it.
+        wording_of: a stored entry's question text.
+    """
     if reading is None:
         return Trial(None, True)
-    similarity = next(
-        (s for j, s in reading.wordings if not checked or verify(questions[row], questions[j]).ok),
-        None,
-    )
+    similarity = next((s for j, s in reading.wordings if not checked or verify(asked, wording_of(j)).ok), None)
     wrong = reading.answer_key != answer
     if similarity is None:
         return Trial(None, wrong)

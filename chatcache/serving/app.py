@@ -147,7 +147,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
                 )
 
             least = engine.least_cost(body.messages[0].message().content, stored, options["max_new_tokens"])
-            return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), x_session_id)
+            return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), x_session_id, engine.answer_cache_bound)
         messages = [m.message() for m in body.messages]
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
         tool_options = body.tool_options()
@@ -163,7 +163,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
 
         least = engine.least_cost(messages[-1].content, key, options["max_new_tokens"])
         calls_in = engine.call_syntax if body.may_call else None
-        return await answer_turn(s, start_given, given_may_skip, least, body, lambda: None, None, calls_in)
+        return await answer_turn(s, start_given, given_may_skip, least, body, lambda: None, None, engine.answer_cache_bound, calls_in)
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: schemas.SessionCreate | None = None, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -228,7 +228,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"])
 
         least = engine.least_cost(body.content, stored, options["max_new_tokens"])
-        return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), session_id, before_start=exists)
+        return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), session_id, engine.answer_cache_bound, before_start=exists)
 
     @app.post("/v1/sessions/{session_id}/agent", status_code=201)
     async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:

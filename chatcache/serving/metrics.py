@@ -7,6 +7,7 @@ gauge is never stale and a counter kept elsewhere is never counted twice.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -77,6 +78,28 @@ class ServerMetrics:
                 self.itl.observe(gap)
 
 
+def _bound(engines: list[ChatEngine]) -> Iterator[GaugeMetricFamily]:
+    """The answer cache's error bound and the audits' estimate, when a bound is set.
+
+    Every engine counts the audits of the whole database (every tenant's, every replica's), so
+    the gauges are the same on each replica, up to how recently it read the table: the engine
+    that has counted the most is the freshest. Across replicas take the max, not the sum.
+    """
+    known = [bound for engine in engines if (bound := engine.answer_cache_bound()) is not None]
+    if not known:
+        return
+    bound = max(known, key=lambda b: b.audits)
+    assert bound.max_error_rate is not None  # `answer_cache_bound` gives None without one
+    low, high = bound.interval
+    estimate = math.nan if bound.estimate is None else bound.estimate  # no audit yet: no value
+    yield GaugeMetricFamily("chatcache:answer_cache_max_error_rate", "The share of answers served by meaning that may be wrong.", value=bound.max_error_rate)
+    yield GaugeMetricFamily("chatcache:answer_cache_audit_error_rate", "Audited cached answers the model answered otherwise, over all audits.", value=estimate)
+    yield GaugeMetricFamily("chatcache:answer_cache_audit_error_rate_lower", "Low end of the audit error rate's exact interval.", value=low)
+    yield GaugeMetricFamily("chatcache:answer_cache_audit_error_rate_upper", "High end of the audit error rate's exact interval.", value=high)
+    yield GaugeMetricFamily("chatcache:answer_cache_scopes_by_meaning", "Scopes whose calibration lets them serve by meaning.", value=bound.scopes_by_meaning)
+    yield GaugeMetricFamily("chatcache:answer_cache_scopes_exact_only", "Calibrated scopes that serve exact repeats only.", value=bound.scopes_exact_only)
+
+
 class _State(Collector):
     """Read at scrape time: the worker's queue, the token tier's memory and counters, the answer and tool-result caches."""
 
@@ -109,14 +132,20 @@ class _State(Collector):
         ):
             yield CounterMetricFamily(f"chatcache:{name}", what, value=value)
         engines = self.engines()
-        lookups = hits = stores = 0
+        lookups = hits = stores = audits = audit_errors = 0
         for engine in engines:
             if engine.answer_cache is not None:
                 stats = engine.answer_cache.stats
                 lookups, hits, stores = lookups + stats.lookups, hits + stats.hits, stores + stats.stores
+                audits, audit_errors = audits + stats.audits, audit_errors + stats.audit_errors
         yield CounterMetricFamily("chatcache:answer_cache_lookups", "Answer-cache lookups.", value=lookups)
         yield CounterMetricFamily("chatcache:answer_cache_hits", "Answers served from the answer cache.", value=hits)
         yield CounterMetricFamily("chatcache:answer_cache_stores", "Answers kept in the answer cache.", value=stores)
+        yield CounterMetricFamily("chatcache:answer_cache_audits", "Cached answers this server had the model answer again.", value=audits)
+        yield CounterMetricFamily(
+            "chatcache:answer_cache_audit_errors", "Audited cached answers the model answered otherwise.", value=audit_errors
+        )
+        yield from _bound(engines)
         results = [engine.actions.results.stats for engine in engines if engine.actions is not None]
         yield CounterMetricFamily("chatcache:tool_result_cache_hits", "Action results served from the tool-result cache.", value=sum(r.hits for r in results))
         yield CounterMetricFamily(

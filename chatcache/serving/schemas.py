@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..answer_cache import BoundStatus
 from ..model.prompt import Message
 from ..model.tools import CHOICE_NAMES, CallSyntax, ToolCall, ToolChoice, call_format, parse_calls
 from ..steering.tool_use import tool_of
@@ -272,8 +273,9 @@ def usage(reply: Reply) -> dict[str, Any]:
     }
 
 
-def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None) -> dict[str, Any]:
-    """The `chatcache` extension field: where the answer came from and the turn's figures."""
+def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None, bound: BoundStatus | None) -> dict[str, Any]:
+    """The `chatcache` extension field: where the answer came from and the turn's figures, and,
+    when the answer cache holds an error bound, the bound and what its audits measured."""
     stats = reply.stats
     return {
         "session_id": session_id,
@@ -293,6 +295,19 @@ def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None)
         "generated_tokens": stats.generated_tokens,
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
         "dropped_turns": stats.dropped_turns,
+        **({"answer_cache_bound": answer_cache_bound(bound)} if bound is not None else {}),
+    }
+
+
+def answer_cache_bound(bound: BoundStatus) -> dict[str, Any]:
+    """The bound as a reply carries it: the error rate served answers may have, and the audits'."""
+    return {
+        "max_error_rate": bound.max_error_rate,
+        "confidence": bound.confidence,
+        "audits": bound.audits,
+        "audit_errors": bound.audit_errors,
+        "estimate": None if bound.estimate is None else round(bound.estimate, 4),
+        "interval": [round(bound.interval[0], 4), round(bound.interval[1], 4)],
     }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from storage import SessionStore
 
+from ..answer_cache import AnswerCacheConfig
 from ..config import GenerationConfig, TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
 from ..model.loading import ChatModel, load_chat_model, load_embedder
@@ -97,9 +98,19 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
     embed = embedder if callable(embedder) or not needs_embedder else sentence_embed(load_embedder(embedder))
     system_prompt = settings.system_prompt or (None if settings.bot else DEFAULT_SYSTEM_PROMPT)
 
+    answer_cache = (
+        AnswerCacheConfig(
+            max_error_rate=settings.answer_cache_max_error_rate,
+            bound_confidence=settings.answer_cache_confidence,
+            audit_rate=settings.answer_cache_audit_rate,
+        )
+        if settings.answer_cache
+        else False
+    )
+
     def engine_of(tenant: str) -> ChatEngine:
         return ChatEngine(
-            model, system_prompt=system_prompt, answer_cache=settings.answer_cache, drift=settings.drift,
+            model, system_prompt=system_prompt, answer_cache=answer_cache, drift=settings.drift,
             token_tier=token_tier, store=store, bot=settings.bot, user_id=tenant, embedder=embed, tenant=tenant,
         )  # fmt: skip
 

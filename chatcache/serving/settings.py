@@ -43,6 +43,11 @@ class ServeSettings(BaseSettings):
         drain_seconds: on SIGTERM, how long running turns may take to finish.
         max_tokens: reply tokens when a request does not say.
         answer_cache, drift: the engine's answer cache and drift detection.
+        answer_cache_max_error_rate: the share of answers the answer cache serves by meaning
+            that may be wrong (`AnswerCacheConfig.max_error_rate`); none: its fixed thresholds.
+        answer_cache_confidence: how sure that bound is (`AnswerCacheConfig.bound_confidence`).
+        answer_cache_audit_rate: the share of hits the model answers again to check them
+            (`AnswerCacheConfig.audit_rate`); 0 leaves the bound unwatched on live questions.
     """
 
     model_config = SettingsConfigDict(env_prefix="CHATCACHE_", extra="forbid", validate_default=True)
@@ -67,6 +72,9 @@ class ServeSettings(BaseSettings):
     drain_seconds: float = Field(30.0, ge=0)
     max_tokens: int = Field(256, ge=1)
     answer_cache: bool = True
+    answer_cache_max_error_rate: float | None = Field(None, gt=0, lt=0.5)
+    answer_cache_confidence: float = Field(0.95, ge=0.5, lt=1)
+    answer_cache_audit_rate: float = Field(0.0, ge=0, le=1)
     drift: bool = True
 
     @field_validator("model")

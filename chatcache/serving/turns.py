@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ..answer_cache import BoundStatus
 from ..engine import LeastCost
 from ..model.tools import CallSyntax
 from ..reply import AsyncReplyStream, Reply, ReplyStream
@@ -30,6 +31,7 @@ async def answer_turn(
     body: schemas.Generation,
     release: Callable[[], None],
     session_id: str | None,
+    bound: Callable[[], BoundStatus | None],
     calls_in: CallSyntax | None = None,
     before_start: Callable[[], Awaitable[None]] | None = None,
 ) -> JSONResponse | StreamingResponse:
@@ -45,6 +47,8 @@ async def answer_turn(
     serve goes on, and admission decides once its prefill is known. A turn let in at the door keeps its place in the queue meanwhile.
     `before_start` (a check with I/O, such as the session's existence) runs only for a turn let
     in, before the engine starts it; its error is the response as the engine's would be.
+    `bound` is the answer cache's error bound once the turn has ended (`ChatEngine.answer_cache_bound`),
+    so the reply carries what the audits measured up to and including this turn's.
     """
     arrived = time.perf_counter()
     ticket = s.admission.ticket()
@@ -74,7 +78,7 @@ async def answer_turn(
 
     def finish(reply: Reply) -> dict[str, Any]:
         s.metrics.observe_turn(reply, time.perf_counter() - arrived, error_s)
-        return schemas.served(reply, session_id, ticket.predicted_s)
+        return schemas.served(reply, session_id, ticket.predicted_s, bound())
 
     if not body.stream:
         try:

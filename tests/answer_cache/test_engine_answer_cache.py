@@ -35,6 +35,20 @@ def test_a_repeated_question_is_served_with_the_models_own_answer(build, make_en
     assert engine.answer_cache.snapshot().hits == 1
 
 
+def test_under_a_bound_a_fresh_scope_serves_its_repeats_and_the_model_answers_the_rest(build, make_engine, bundled_model) -> None:  # type: ignore[no-untyped-def]
+    """Against the uncached path: a repeat is served the model's own answer, a rewording (no evidence yet) gets the model."""
+    engine = build(answer_cache=AnswerCacheConfig(max_error_rate=0.01))
+    uncached = make_engine(bundled_model, system_prompt=SYSTEM)
+    first = engine.chat("a", QUESTION, max_new_tokens=48)
+    assert first.stats.finish_reason == "eos"
+    again = engine.chat("b", "what is the capital of france", max_new_tokens=48)
+    assert again.stats.answer_cache_hit and again.text == uncached.chat("x", QUESTION, max_new_tokens=48).text
+    reworded = engine.chat("c", "Which city is the capital of France?", max_new_tokens=48)
+    assert not reworded.stats.answer_cache_hit
+    assert reworded.text == uncached.chat("y", "Which city is the capital of France?", max_new_tokens=48).text
+    assert engine.answer_cache.snapshot().refused_without_evidence == 1
+
+
 def test_a_follow_up_is_not_served_across_conversations(build) -> None:  # type: ignore[no-untyped-def]
     engine = build(answer_cache=AnswerCacheConfig(max_entropy_bits=100.0))  # store whatever finishes
     engine.chat("paris", "Tell me about Paris in one sentence.", max_new_tokens=48)

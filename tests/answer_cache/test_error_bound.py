@@ -152,3 +152,17 @@ def test_another_users_particulars_are_refused_under_a_bound() -> None:
 def test_bound_settings_are_checked(config: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         AnswerCacheConfig(**config)  # type: ignore[arg-type]
+
+
+def test_a_scope_whose_audits_breach_the_bound_falls_back_to_exact_repeats() -> None:
+    space = Space()
+    cache = bounded_cache(space, 400)
+    cache.calibrate()
+    rng = np.random.default_rng(5)
+    asked = [space.place(nonsense(rng), axis(1), spread=0.05) for _ in range(4)]
+    hit = cache.lookup(asked[0], BOT)
+    assert hit is not None
+    for _ in range(3):  # the model answered otherwise three times out of three: above 2%, 95% sure
+        cache.record_audit(hit, agreed=False)
+    assert all(cache.lookup(question, BOT) is None for question in asked[1:])
+    assert cache.lookup(hit.question, BOT) is not None  # an exact repeat is the same question

@@ -80,3 +80,28 @@ def test_the_offline_default_leaves_a_users_choice_alone(given: str | None, expe
         monkeypatch.setenv("HF_HUB_OFFLINE", given)
     cli._offline_by_default()
     assert os.environ["HF_HUB_OFFLINE"] == expected
+
+
+def test_a_bad_max_error_rate_fails_before_the_model_loads(tmp_path: Path) -> None:
+    """`ask --max-error-rate 0.7`: exit 2 with one line saying what the rate must be; torch is never imported."""
+    env = {**os.environ, "CHATCACHE_DATA_DIR": str(tmp_path)}
+    probe = "print(json.dumps({'torch': 'torch' in sys.modules}))"
+    done = run_cli(["ask", "--max-error-rate", "0.7", "--session", "s", "hello"], env, probe)
+    assert done.returncode == 2
+    assert json.loads(done.stdout) == {"torch": False}
+    assert "max_error_rate is a share of served answers in (0, 0.5), got 0.7" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_max_error_rate_and_no_answer_cache_contradict_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["chat", "--no-answer-cache", "--max-error-rate", "0.01"])
+    assert exited.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_max_error_rate_sets_the_engines_answer_cache_bound() -> None:
+    from chatcache import AnswerCacheConfig
+
+    parse = cli._parser().parse_args
+    assert cli._answer_cache(parse(["ask", "--max-error-rate", "0.01", "--session", "s", "x"])) == AnswerCacheConfig(max_error_rate=0.01)
+    assert cli._answer_cache(parse(["ask", "--session", "s", "x"])) is True
+    assert cli._answer_cache(parse(["chat", "--no-answer-cache"])) is False

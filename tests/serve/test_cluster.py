@@ -192,3 +192,22 @@ def _assert_each_reply_is_its_own_conversations(
         expected = [alone.chat(f"s{index}", text, max_new_tokens=MAX_TOKENS).text for text in acknowledged[index]]
         assert replies[index] == expected, (index, replies[index], expected)
     alone.close()
+
+
+def test_cluster_up_gives_every_replica_the_answer_cache_bound(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The flags go into the options each replica's `serve` is started with; a bad value stops
+    `up` before anything starts."""
+    from chatcache import cli, cluster
+
+    given: list[list[str]] = []
+
+    def up(replicas: int, port: int, db: str | None, options: list[str], kv_key_file: Path | None) -> Any:
+        given.append(options)
+        raise RuntimeError("stopped here: the test only looks at the options")
+
+    monkeypatch.setattr(cluster, "up", up)
+    flags = ["--answer-cache-max-error-rate", "0.01", "--answer-cache-confidence", "0.9", "--answer-cache-audit-rate", "0.05"]
+    assert cli.main(["cluster", "up", "--replicas", "3", *flags]) == 2
+    assert given == [flags]
+    assert cli.main(["cluster", "up", "--answer-cache-max-error-rate", "0.6"]) == 2
+    assert len(given) == 1 and "max_error_rate is a share of served answers in (0, 0.5), got 0.6" in capsys.readouterr().err

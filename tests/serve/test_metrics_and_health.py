@@ -118,3 +118,42 @@ def test_a_serving_process_keeps_its_start_up_objects_out_of_the_collectors_scan
     assert frozen > 10_000  # torch, transformers, the model's modules and parameters
     live.stop()
     assert gc.get_freeze_count() == 0
+
+
+def test_metrics_and_replies_show_the_answer_cache_bound_and_the_audits(serve) -> None:  # type: ignore[no-untyped-def]
+    """With a bound and every hit audited: a cached answer the tiny model would never write is
+    served, audited and counted wrong; the reply's `chatcache` field and the scrape both say so."""
+    from chatcache.answer_cache.bound import interval
+
+    live = serve(drift=False, answer_cache_max_error_rate=0.02, answer_cache_confidence=0.9, answer_cache_audit_rate=1.0)
+    engine = live.app.state.server.tenants("default")
+    question = "What is the capital of France?"
+    assert engine.answer_cache.store(question, "Paris is the capital of France.", engine.answers.base, 1.0, 100)
+    body = {"model": live.model_id, "messages": [{"role": "user", "content": question}], "max_tokens": 6}
+    with live.client() as http:
+        before = samples(http.get("/metrics").text)
+        served = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "b1"}).json()["chatcache"]
+        after = samples(http.get("/metrics").text)
+    assert served["answer_cache_hit"] is True
+    low, high = interval(1, 1, 0.9)
+    assert served["answer_cache_bound"] == {
+        "max_error_rate": 0.02, "confidence": 0.9, "audits": 1, "audit_errors": 1, "estimate": 1.0,
+        "interval": [round(low, 4), round(high, 4)],
+    }  # fmt: skip
+    assert before["chatcache:answer_cache_audits_total"] == before["chatcache:answer_cache_audit_errors_total"] == 0
+    assert before["chatcache:answer_cache_audit_error_rate"] != before["chatcache:answer_cache_audit_error_rate"]  # NaN: no audit yet
+    assert after["chatcache:answer_cache_audits_total"] == after["chatcache:answer_cache_audit_errors_total"] == 1
+    assert after["chatcache:answer_cache_max_error_rate"] == 0.02
+    assert after["chatcache:answer_cache_audit_error_rate"] == 1.0
+    assert (after["chatcache:answer_cache_audit_error_rate_lower"], after["chatcache:answer_cache_audit_error_rate_upper"]) == (low, high)
+    assert after["chatcache:answer_cache_scopes_by_meaning"] >= 0 and after["chatcache:answer_cache_scopes_exact_only"] >= 0
+
+
+def test_without_a_bound_neither_replies_nor_metrics_show_one(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(drift=False)
+    body = {"model": live.model_id, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
+    with live.client() as http:
+        served = http.post("/v1/chat/completions", json=body).json()["chatcache"]
+        scraped = samples(http.get("/metrics").text)
+    assert "answer_cache_bound" not in served
+    assert "chatcache:answer_cache_audits_total" in scraped and "chatcache:answer_cache_max_error_rate" not in scraped

@@ -125,3 +125,45 @@ def test_spilled_kv_is_signed_with_the_kv_key_file(serve, tmp_path: Path) -> Non
     [spilled] = shared.iterdir()
     with safe_open(str(spilled), framework="pt") as handle:
         assert (handle.metadata() or {})["key"] == _key_id(key)
+
+
+def test_the_answer_cache_bound_comes_from_flags_or_the_environment_and_bad_values_name_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CHATCACHE_ANSWER_CACHE_MAX_ERROR_RATE", "0.02")
+    monkeypatch.setenv("CHATCACHE_ANSWER_CACHE_AUDIT_RATE", "0.05")
+    settings = ServeSettings.load(None, answer_cache_confidence=0.9)
+    assert (settings.answer_cache_max_error_rate, settings.answer_cache_confidence, settings.answer_cache_audit_rate) == (0.02, 0.9, 0.05)
+    assert ServeSettings.load(None, answer_cache_max_error_rate=0.01).answer_cache_max_error_rate == 0.01
+    monkeypatch.delenv("CHATCACHE_ANSWER_CACHE_MAX_ERROR_RATE")
+    assert ServeSettings().answer_cache_max_error_rate is None  # no bound unless asked for
+    for field, value in (
+        ("answer_cache_max_error_rate", 0.0), ("answer_cache_max_error_rate", 0.5), ("answer_cache_confidence", 1.0),
+        ("answer_cache_confidence", 0.4), ("answer_cache_audit_rate", 1.5),
+    ):  # fmt: skip
+        with pytest.raises(ValidationError, match=field):
+            ServeSettings(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--answer-cache-max-error-rate", "0.7"], "answer_cache_max_error_rate"),
+        (["--answer-cache-max-error-rate", "0.01", "--answer-cache-confidence", "1"], "answer_cache_confidence"),
+        (["--answer-cache-audit-rate", "-0.1"], "answer_cache_audit_rate"),
+    ],
+)
+def test_serve_refuses_a_bad_answer_cache_bound_before_loading_anything(
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import chatcache.serving
+
+    monkeypatch.setattr(chatcache.serving, "create_app", lambda *a, **k: pytest.fail("the model would load"))
+    assert main(["serve", *flags]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_serve_gives_every_engine_the_bound_it_was_told(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(answer_cache_max_error_rate=0.01, answer_cache_confidence=0.9, answer_cache_audit_rate=0.25)
+    config = live.app.state.server.tenants("default").answer_cache.config
+    assert (config.max_error_rate, config.bound_confidence, config.audit_rate) == (0.01, 0.9, 0.25)

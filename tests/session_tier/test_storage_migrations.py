@@ -139,3 +139,30 @@ def test_stores_opening_a_fresh_database_at_once_migrate_it_once(store_url: str 
     finally:
         engine.dispose()
     assert sorted(applied) == [step.version for step in MIGRATIONS]
+
+
+def test_a_version_3_database_gains_the_answer_audits_table_and_keeps_its_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database written before audits were persisted (schema 3) is upgraded in place: its
+    sessions stay, `answer_audits` appears, and an audit can be stored and read back."""
+    from datetime import timezone
+
+    from storage import AuditRecord
+
+    with monkeypatch.context() as older:
+        older.setattr(migrations, "MIGRATIONS", MIGRATIONS[:3])
+        with SessionStore.open(tmp_path) as store:
+            assert store.schema_version == 3
+            store.create_session("s1", "ada", "travel")
+    assert "answer_audits" not in table_names(tmp_path)
+
+    with SessionStore.open(tmp_path) as store:
+        assert store.schema_version == LATEST >= 4
+        assert store.get_session("s1").user_id == "ada"
+        audit = AuditRecord(0, "scope-a", 7, False, 0.83, False, datetime(2026, 1, 1, tzinfo=timezone.utc))
+        stored = store.answer_audits.add(audit)
+        assert stored.id > 0 and store.answer_audits.added_after(0) == [stored]
+        assert stored == AuditRecord(stored.id, "scope-a", 7, False, 0.83, False, audit.audited_at)
+    assert "answer_audits" in table_names(tmp_path)
+    assert recorded_versions(tmp_path) == list(range(1, LATEST + 1))

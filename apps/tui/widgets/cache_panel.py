@@ -11,6 +11,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Label, Sparkline, Static
 
 from chatcache import TokenTierStats
+from chatcache.answer_cache import BoundStatus
 
 from ..turns import TurnRecord
 
@@ -79,7 +80,30 @@ def describe_dialogue(turn: TurnRecord | None, drift_turns: list[int]) -> str:
     return "\n".join(lines)
 
 
-def describe_memory(kv: TokenTierStats, answered: int, answer_hits: int) -> str:
+def describe_bound(bound: BoundStatus | None) -> list[str]:
+    """The answer cache's error bound, whether any scope may serve by meaning under it, and what
+    the audits (every replica's) measured; nothing when no bound is set."""
+    if bound is None or bound.max_error_rate is None:
+        return []
+    lines = [f"wrong     ≤ {percent(bound.max_error_rate)}, {round(bound.confidence * 100, 1):g}% sure"]
+    lines.append(f"scopes    {bound.scopes_by_meaning} by meaning" if bound.scopes_by_meaning else "exact repeats only")
+    if bound.estimate is None:
+        return [*lines, "audits    none yet"]
+    low, high = bound.interval
+    return [
+        *lines,
+        f"audits    {bound.audit_errors}/{bound.audits} wrong",
+        f"          {percent(bound.estimate)} [{percent(low)[:-1]}–{percent(high)}]",
+    ]
+
+
+def percent(share: float) -> str:
+    """A share as a percentage with one decimal below 10% (where a bound lives), whole above, so
+    "100% [2.5–100%]" still fits a line."""
+    return f"{share:.1%}" if share < 0.1 else f"{share:.0%}"
+
+
+def describe_memory(kv: TokenTierStats, answered: int, answer_hits: int, bound: BoundStatus | None) -> str:
     rate = f"{answer_hits / answered:.0%} ({answer_hits}/{answered})" if answered else "- (no turn yet)"
     return "\n".join(
         [
@@ -87,6 +111,7 @@ def describe_memory(kv: TokenTierStats, answered: int, answer_hits: int) -> str:
             f"sessions  {kv.sessions_in_memory} in memory",
             f"spills    {kv.spills}  restores {kv.restores}",
             f"hit rate  {rate}",
+            *describe_bound(bound),
         ]
     )
 
@@ -114,5 +139,5 @@ class CachePanel(VerticalScroll):
         self.query_one("#dialogue", Static).update(describe_dialogue(last, drift_turns))
         self.query_one("#ttft", Sparkline).data = [t.ttft_s * 1000 for t in turns]
 
-    def show_memory(self, kv: TokenTierStats, answered: int, answer_hits: int) -> None:
-        self.query_one("#memory", Static).update(describe_memory(kv, answered, answer_hits))
+    def show_memory(self, kv: TokenTierStats, answered: int, answer_hits: int, bound: BoundStatus | None) -> None:
+        self.query_one("#memory", Static).update(describe_memory(kv, answered, answer_hits, bound))
