@@ -93,7 +93,7 @@ def _evaluation(name: str) -> Callable[[list[str]], int]:
     elif name == "tools":
         from .evals.tools import main as run
     else:
-        from .evals.answer_cache import main_pairs as run
+        from .evals.answer_cache_pairs import main_pairs as run
     return run
 
 

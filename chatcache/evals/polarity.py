@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..answer_cache import AnswerCacheConfig
-from .answer_cache import BASELINE_THRESHOLD, Embed, _bundled_embed, _unit, load_positives, load_questions, pair_hits
+from .answer_cache import BASELINE_THRESHOLD, Embed, _bundled_embed, _unit, load_questions
+from .answer_cache_pairs import load_positives, pair_hits
 
 _AUXILIARIES = {
     "is": "isn't", "are": "aren't", "was": "wasn't", "were": "weren't", "do": "don't", "does": "doesn't",

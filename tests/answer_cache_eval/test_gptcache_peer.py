@@ -1,10 +1,10 @@
-"""The GPTCache peer of bench.answer_cache_evals serves what GPTCache serves, on the vectors given."""
+"""The GPTCache peer of the answer-cache evaluations serves what GPTCache serves, on the vectors given."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench import gptcache_peer
+from chatcache.evals import gptcache_peer
 
 
 def test_an_exact_repeat_is_served_and_an_orthogonal_question_is_not() -> None:

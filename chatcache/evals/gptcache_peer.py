@@ -1,24 +1,32 @@
-"""GPTCache (PyPI `gptcache`) as a peer of `bench.answer_cache_evals`, on the same data and vectors.
+"""GPTCache (PyPI `gptcache`) as a peer of `chatcache eval answer-cache` and `eval pairs`, on the same data and vectors.
 
 Its similar-question cache as its README sets one up (`init_similar_cache`): SQLite for the
 answers, faiss for the vectors, `SearchDistanceEvaluation` with its defaults and the default
 similarity threshold (0.8). Its own embedder (an ONNX model fetched from a hub at run time) does
 not load offline, so it is given the same MiniLM vectors chatcache uses: the difference measured
-is the cache, not the embedder. Each BANKING77 run is one cache; each pair gets a fresh one.
+is the cache, not the embedder. Each run over labelled questions is one cache; each pair gets a
+fresh one. GPTCache is a dev extra, not a dependency: it is imported only when a run asks for
+it, and `available` lets an evaluation say it is missing instead of failing.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-Embed = Callable[[list[str]], np.ndarray]
+MISSING = "gptcache not installed (pip install -e .[dev])"
 _root: list[str] = []
+
+
+def available() -> bool:
+    """Whether GPTCache can be imported (it is in the dev extras only)."""
+    return importlib.util.find_spec("gptcache") is not None
 
 
 def _directory() -> str:
@@ -26,7 +34,7 @@ def _directory() -> str:
     registers an exit hook that writes its faiss index, and hooks run last-registered first, so
     the folders' removal, registered before any cache, runs after all of them."""
     if not _root:
-        _root.append(tempfile.mkdtemp(prefix="bench-gptcache-"))
+        _root.append(tempfile.mkdtemp(prefix="chatcache-gptcache-"))
         atexit.register(shutil.rmtree, _root[0], True)
     return tempfile.mkdtemp(dir=_root[0])
 
