@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from chatcache.evals.answer_cache import CLINC_TEST, CLINC_TRAIN, evaluate_answer_cache, load_clinc, load_questions, split_questions
 from chatcache.evals.answer_cache_pairs import evaluate_pairs
@@ -67,7 +68,36 @@ def main() -> None:
         paws = first_pairs(paws, scratch / "quick_paws.tsv", QUICK_PAWS)
     positives = args.data / "gptcache_mock" / "mock_pairs_dev.json"
     run.section("pairs", evaluate_pairs(paws, positives, max_error_rates=MAX_ERROR_RATES))
+    plot({"BANKING77": banking, "CLINC150": run.report["clinc150"]}, args.out / "answer_cache_evals.png")
     run.finish()
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """Hit rate against the measured error (with its interval) of every run, a panel per data set."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5))
+    for axis, (name, result) in zip(axes, results.items()):
+        for run, row in result["runs"].items():
+            if run.startswith("without"):
+                continue
+            error, (low, high) = row["error_rate"] * 100, row["error_interval"]
+            axis.errorbar(
+                error, row["hit_rate"] * 100, xerr=[[error - low * 100], [high * 100 - error]], fmt="o", capsize=3, label=run
+            )
+        for rate in MAX_ERROR_RATES:
+            axis.axvline(rate * 100, color="grey", linewidth=0.6, linestyle=":")
+        axis.set_xscale("symlog", linthresh=1)
+        axis.set_xlim(left=0)
+        axis.set_xlabel("error among served answers, % (95% interval)")
+        axis.set_ylabel("questions served, %")
+        axis.set_title(f"{name}: bounds at 0.5, 1, 2% (dotted)")
+    axes[-1].legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

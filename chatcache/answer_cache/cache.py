@@ -31,6 +31,7 @@ from storage.database import SYNC_OVERLAP
 from storage.rules import text_problem
 
 from .audits import AuditLedger, BoundStatus
+from .calibration import Calibration
 from .config import AnswerCacheConfig
 from .decision import OperatingPoint, read
 from .index import VectorIndex
@@ -509,6 +510,10 @@ class AnswerCache:
             with self._lock:  # a scope too small for a head has none: no need to read its rows
                 keys = [key for key, index in self._indexes.items() if len(index) >= 2 * self.config.head_min_wordings]
             self._scopes.fit_now(keys)
+
+    def calibration(self, scope: Scope) -> Calibration | None:
+        """What the scope's calibration certified under the bound, as of its last fit; None before one."""
+        return self._scopes.calibration(scope.key()) if self._scopes is not None else None
 
     def _scope_rows(self, key: str) -> ScopeRows:
         """The scope's live entries, for its answer head and calibration."""

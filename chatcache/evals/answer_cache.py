@@ -31,7 +31,7 @@ import random
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,12 @@ def evaluate_answer_cache(
             **stats.refusal_reasons,
         }
         if run_config.max_error_rate is not None:
-            result["calibration"] = {"scopes_by_meaning": stats.scopes_by_meaning, "scopes_exact_only": stats.scopes_exact_only}
+            calibration = cache.calibration(SCOPE)
+            result["calibration"] = {
+                "scopes_by_meaning": stats.scopes_by_meaning,
+                "scopes_exact_only": stats.scopes_exact_only,
+                **({} if calibration is None else {**asdict(calibration), "point": calibration.point and asdict(calibration.point)}),
+            }
         return result
 
     runs: dict[str, Any] = {}
