@@ -15,7 +15,7 @@ import pytest
 
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope
 from chatcache.answer_cache.bound import interval, last_certified, min_evidence, upper_bound
-from chatcache.answer_cache.calibration import calibrate, leave_one_out
+from chatcache.answer_cache.calibration import calibrate, leave_one_out, near_copy_groups
 from chatcache.answer_cache.decision import PATH
 from chatcache.errors import ConfigError
 
@@ -32,12 +32,13 @@ def nonsense(rng: np.random.Generator, words: int = 5) -> str:
 
 
 def bounded_cache(space: Space, wordings: int, max_error_rate: float = 0.02, **config: object) -> AnswerCache:
-    """A cache under a bound holding `wordings` nonsense wordings of answer A (first axis) and of B (second)."""
+    """A cache under a bound holding `wordings` nonsense wordings of answer A (first axis) and of B (second),
+    spread so that few are near-copies of each other (near-copies are left out together in calibration)."""
     cache = AnswerCache(AnswerCacheConfig(max_error_rate=max_error_rate, **config), space.embed)  # type: ignore[arg-type]
     rng = np.random.default_rng(7)
     for answer, direction in (("Answer A.", axis(1)), ("Answer B.", axis(0, 1))):
         for _ in range(wordings):
-            assert cache.store(space.place(nonsense(rng), direction, spread=0.15), answer, BOT, 1.0, 100)
+            assert cache.store(space.place(nonsense(rng), direction, spread=0.3), answer, BOT, 1.0, 100)
     return cache
 
 
@@ -108,13 +109,13 @@ def test_a_scope_calibrates_itself_in_the_background() -> None:
 def test_a_wording_no_other_wording_shares_the_answer_of_is_wrong_when_served() -> None:
     """Out of scope for the cache: whatever a question with no answer of its own is served is wrong."""
     rng = np.random.default_rng(3)
-    vectors = [axis(1)] * 50 + [axis(0, 1)] * 50 + [axis(1, 0.05)]
-    unit = np.stack([np.asarray(v) + 0.05 * rng.standard_normal(DIM) for v in vectors]).astype(np.float32)
+    vectors = [axis(1)] * 50 + [axis(0, 1)] * 50
+    spread = [np.asarray(v) + 0.3 * rng.standard_normal(DIM) for v in vectors]
+    unit = np.stack([*spread, np.asarray(axis(1, 0.5))]).astype(np.float32)  # lonely: near a, a near-copy of none
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)
     answers = ["a"] * 50 + ["b"] * 50 + ["lonely"]
     trials = leave_one_out(unit, answers, [nonsense(rng) for _ in answers], 10, 5, checked=True)
     assert trials[-1].wrong and trials[-1].rank is not None  # it would be served "a": an error
-    assert not any(t.wrong for t in trials[:-1])
     assert calibrate(trials, 0.02, 0.95).point is None  # 100 trials are too few for 2%
 
 
@@ -166,3 +167,16 @@ def test_a_scope_whose_audits_breach_the_bound_falls_back_to_exact_repeats() -> 
         cache.record_audit(hit, agreed=False)
     assert all(cache.lookup(question, BOT) is None for question in asked[1:])
     assert cache.lookup(hit.question, BOT) is not None  # an exact repeat is the same question
+
+
+def test_a_wordings_near_copies_are_left_out_with_it() -> None:
+    """A trial is judged as a question with no near-copy stored: its twin cannot vouch for it."""
+    rng = np.random.default_rng(4)
+    twins = [np.asarray(axis(0, 0, 1)), np.asarray(axis(0, 0, 1, 0.05))]
+    others = [np.asarray(axis(0, 1)) + 0.3 * rng.standard_normal(DIM) for _ in range(50)]
+    unit = np.stack([*twins, *others]).astype(np.float32)
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    groups = near_copy_groups(unit)
+    assert groups[0] == groups[1] and groups[0] not in set(groups[2:].tolist())
+    trials = leave_one_out(unit, ["a", "a"] + ["b"] * 50, [nonsense(rng) for _ in range(52)], 10, 5, checked=True)
+    assert trials[0].wrong and trials[1].wrong  # left without its twin, each finds only answer b
