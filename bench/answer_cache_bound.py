@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from chatcache.answer_cache.bound import interval, last_certified
-from chatcache.answer_cache.calibration import Trial, leave_one_out, trial
-from chatcache.answer_cache.decision import PATH, read
+from chatcache.answer_cache.bound import interval
+from chatcache.answer_cache.calibration import Trial, calibrate, leave_one_out, nearest, trial
+from chatcache.answer_cache.decision import PATH, reach, read
 from chatcache.answer_cache.heads import AnswerHead, fit_head
 from chatcache.evals.answer_cache import _bundled_embed, _unit, load_questions, split_questions
 
@@ -48,7 +48,6 @@ BOUNDS = (0.005, 0.01, 0.02)
 CONFIDENCE = 0.95
 NEIGHBORS = 10  # the cache's defaults
 MIN_WORDINGS = 5
-REACH = 5
 RECHOOSE_EVERY = 250
 QUICK_EVERY = 3
 
@@ -66,25 +65,20 @@ class Rows:
 def ask(stored: Rows, head: AnswerHead | None, asked: Rows) -> list[Trial]:
     """Each asked question judged against the stored ones, as a lookup would judge it."""
     trials = []
-    reach = min(len(stored.answers), NEIGHBORS * (REACH if head is not None else 1))
     for start in range(0, len(asked.answers), 1024):
         similarities = asked.vectors[start : start + 1024] @ stored.vectors.T
         for offset, scores in enumerate(similarities):
             row = start + offset
-            nearest = np.argpartition(-scores, reach - 1)[:reach]
-            nearest = nearest[np.argsort(-scores[nearest], kind="stable")]
-            found = [(int(j), float(scores[j])) for j in nearest]
+            found = nearest(scores, reach(NEIGHBORS, head))
             reading = read(found, stored.answers.__getitem__, head, asked.vectors[row], NEIGHBORS)
             trials.append(trial(reading, asked.questions[row], stored.questions.__getitem__, asked.answers[row], True))
     return trials
 
 
 def choose(trials: Sequence[Trial], bound: float) -> int | None:
-    ranks = np.array([len(PATH) if t.rank is None else t.rank for t in trials])
-    wrong = np.array([t.wrong for t in trials], dtype=bool)
-    served = [int(np.sum(ranks <= step)) for step in range(len(PATH))]
-    errors = [int(np.sum((ranks <= step) & wrong)) for step in range(len(PATH))]
-    return last_certified(served, errors, bound, CONFIDENCE)
+    """The step of `PATH` the trials certify, as the product's calibration chooses it."""
+    point = calibrate(trials, bound, CONFIDENCE).point
+    return None if point is None else PATH.index(point)
 
 
 def outcome(trials: Sequence[Trial], step: int | None) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from storage.rules import text_problem
 from .audits import AuditLedger, BoundStatus
 from .calibration import Calibration
 from .config import AnswerCacheConfig
-from .decision import OperatingPoint, read
+from .decision import OperatingPoint, reach, read
 from .index import VectorIndex
 from .keys import Scope, normalize
 from .lfu import Heat, LfuPlus
@@ -42,9 +42,6 @@ from .verify import Verdict, echoes_particulars, verify
 
 Embed = Callable[[list[str]], np.ndarray]
 _ENTRY_OVERHEAD = 256  # bytes of bookkeeping per entry, besides text and vector
-# An answer head's choice is served through its wordings among this many times `neighbors`
-# nearest entries: enough to find those above the threshold, bounded for HNSW's sake.
-_HEAD_REACH = 5
 
 
 @dataclass(frozen=True)
@@ -256,8 +253,9 @@ class AnswerCache:
         """How sure a lookup in this scope must be to serve by meaning; None: exact repeats only.
 
         Under an error bound it is the point the scope's calibration certified (none until it
-        has certified one, nor once the scope's audits show its error above the bound). A confirmed cacheable intent's scope is the dialogue's: the state
-        machine vouches for the meaning, so its own threshold applies, bound or not.
+        has certified one, nor once the scope's audits show its error above the bound). A
+        confirmed cacheable intent's scope is the dialogue's: the state machine vouches for the
+        meaning, so its own threshold applies, bound or not.
         """
         config = self.config
         if intent_scoped:
@@ -276,9 +274,8 @@ class AnswerCache:
         nearest wording (it must be `point.head_confidence` sure); else the neighbours vote and the
         best answer must lead the nearest different one by `point.margin` (`decision.read`).
         """
-        head = self._scopes.head(key) if self._scopes is not None and self.config.head_confidence is not None else None
-        reach = self.config.neighbors * (_HEAD_REACH if head is not None else 1)
-        found = [(i, s) for i, s in self._indexes[key].search(vector, reach) if self._alive(i)]
+        head = self._scopes.head(key) if self._scopes is not None else None
+        found = [(i, s) for i, s in self._indexes[key].search(vector, reach(self.config.neighbors, head)) if self._alive(i)]
         reading = read(found, lambda entry_id: self._entries[entry_id].answer_key, head, vector, self.config.neighbors)
         if reading is None:
             return []
@@ -562,15 +559,19 @@ class AnswerCache:
         """The bound, the scopes it lets serve by meaning, and what every replica's audits measured:
         from memory, cheap enough for every turn."""
         with self._lock:
-            by_meaning, exact_only = self.stats.scopes_by_meaning, self.stats.scopes_exact_only
-        return self._audits.status(by_meaning, exact_only)
+            return self._audits.status(*self._scope_counts())
+
+    def _scope_counts(self) -> tuple[int, int]:
+        """Under a bound, how many scopes serve by meaning and how many exact repeats only (0, 0 without one)."""
+        if self.config.max_error_rate is None or self._scopes is None:
+            return 0, 0
+        by_meaning = self._scopes.certified_scopes()
+        return by_meaning, len(self._indexes) - by_meaning
 
     def snapshot(self) -> AnswerCacheStats:
         with self._lock:
             self.stats.entries = len(self._entries)
             self.stats.bytes = self._bytes
             self.stats.prefetched_entries = sum(e.record.prefetched for e in self._entries.values())
-            if self.config.max_error_rate is not None and self._scopes is not None:
-                self.stats.scopes_by_meaning = self._scopes.certified_scopes()
-                self.stats.scopes_exact_only = len(self._indexes) - self.stats.scopes_by_meaning
+            self.stats.scopes_by_meaning, self.stats.scopes_exact_only = self._scope_counts()
             return replace(self.stats, refusal_reasons=dict(self.stats.refusal_reasons))

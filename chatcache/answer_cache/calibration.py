@@ -9,8 +9,8 @@ trial), and without its near-copies: a wording and the stored wordings nearly th
 (`NEAR_COPY`) are left out together, from the search and from the head's folds, so a scope whose
 wordings of an answer are all near-copies of each other earns no evidence from them. A wording
 whose answer no other wording shares stands for a question the scope cannot answer: whatever it
-is served is wrong. `bound.last_certified` then picks the loosest point the
-trials certify at the user's confidence; none means exact repeats only.
+is served is wrong. `bound.last_certified` then picks the loosest point the trials certify at
+the user's confidence; none means exact repeats only.
 
 Compared on BANKING77's training file only with per-scope thresholds learnt online from audits
 (vCache's way) and with Learn-then-Test on a calibration split set aside (`bench/answer_cache_bound.py`).
@@ -26,7 +26,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from .bound import last_certified, min_evidence, upper_bound
-from .decision import PATH, OperatingPoint, Reading, read
+from .decision import PATH, OperatingPoint, Reading, reach, read
 from .heads import AnswerHead, fit_head
 from .verify import verify
 
@@ -36,13 +36,13 @@ FOLDS = 5
 # questions written apart from the stored ones fared worse than the trials said: CLINC150's
 # validation questions were served at 1.14% wrong under a 1% bound (0.86% with groups at 0.9;
 # 0.95 changed nothing, 0.85 cost BANKING77 more hits). BANKING77's held-out questions, which
-# often have near-copies stored, are served less (56.6% instead of 67.1% at 1%).
+# often have near-copies stored, are served less (56.4% instead of 67.1% at 1%).
 NEAR_COPY = 0.9
 # At most this many stored wordings are asked, chosen at random: enough evidence for any bound
-# worth setting (0.1% needs 2,995), bounded so that a huge scope calibrates in seconds.
+# worth setting (a point is tested at 0.1% once it serves 7,752), bounded so that a huge scope
+# calibrates in seconds.
 MAX_TRIALS = 20_000
 _CHUNK = 1024  # questions whose similarities to the whole scope are computed at once
-_HEAD_REACH = 5  # as the lookup: a head's answer is served through this many times `neighbors`
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Calibration:
         served: how many of them the chosen point serves (the loosest point's, when none is chosen).
         errors: how many of those were served another answer.
         upper: the upper confidence bound on the error rate of `served`.
-        needed: how many served trials without an error certify the bound at all.
+        needed: how many trials a point must serve before it is tested (`bound.min_evidence`).
     """
 
     point: OperatingPoint | None
@@ -130,13 +130,20 @@ def leave_one_out(
         similarities[group_of[rows][:, None] == group_of[None, :]] = -np.inf  # not itself, nor its near-copies
         for row, scores in zip(rows.tolist(), similarities):
             head = heads[fold_of[row]]
-            reach = min(count - 1, neighbors * (_HEAD_REACH if head is not None else 1))
-            nearest = np.argpartition(-scores, reach - 1)[:reach]
-            nearest = nearest[np.argsort(-scores[nearest], kind="stable")]
-            found = [(int(j), float(scores[j])) for j in nearest]
+            found = nearest(scores, reach(neighbors, head))
             reading = read(found, answers.__getitem__, head, vectors[row], neighbors)
             trials.append(trial(reading, questions[row], questions.__getitem__, answers[row], checked, path))
     return trials
+
+
+def nearest(similarities: np.ndarray, count: int) -> list[tuple[int, float]]:
+    """The `count` rows most similar, most similar first, as (row, similarity); rows left out (-inf) never."""
+    count = min(count, int(np.isfinite(similarities).sum()))
+    if count == 0:
+        return []
+    top = np.argpartition(-similarities, count - 1)[:count]
+    top = top[np.argsort(-similarities[top], kind="stable")]
+    return [(int(j), float(similarities[j])) for j in top]
 
 
 def trial(

@@ -22,6 +22,9 @@ import numpy as np
 
 from .heads import AnswerHead
 
+# An answer head's choice is served through its wordings among this many times `neighbors`
+# nearest entries: enough to find those above the threshold, bounded for HNSW's sake.
+HEAD_REACH = 5
 
 @dataclass(frozen=True)
 class OperatingPoint:
@@ -92,6 +95,11 @@ class Reading:
 
     def wordings_from(self, threshold: float) -> list[tuple[int, float]]:
         return [(entry_id, similarity) for entry_id, similarity in self.wordings if similarity >= threshold]
+
+
+def reach(neighbors: int, head: AnswerHead | None) -> int:
+    """How many nearest stored wordings `read` is given: more when a head chooses the answer."""
+    return neighbors * (HEAD_REACH if head is not None else 1)
 
 
 def read(
