@@ -4,7 +4,7 @@ Nothing here imports a model library; the intent classifier is handed an embeddi
 """
 
 from .actions import ActionContext, ActionError, ActionOutcome, Actions, action
-from .classifier import Embed, IntentClassifier, IntentResult
+from .classifier import Embed, IntentClassifier, IntentReader, IntentResult, PreviousTurn, read_in_context
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow, Intent, Slot
 from .loader import BotDefinitionError, load_bot, load_stories, parse_bot
 from .manager import DialogueManager, TurnDecision
@@ -42,6 +42,9 @@ __all__ = [
     "Flow",
     "Intent",
     "IntentClassifier",
+    "IntentReader",
+    "PreviousTurn",
+    "read_in_context",
     "IntentResult",
     "Slot",
     "SlotExtractor",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +31,9 @@ Embed = Callable[[list[str]], NDArray[np.floating]]
 """Maps texts to one unit-normalised embedding row per text."""
 
 _TOP_K = 3
+
+FOLLOW_UP_BELOW = 0.95
+"""A message read with at least this confidence alone is never re-read in context (the promotion threshold)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,44 @@ class IntentResult:
     confidence: float
     margin: float
     scores: dict[str, float]
+
+
+class IntentReader(Protocol):
+    """What the dialogue layer needs of an intent classifier: this module's nearest-example one,
+    or a model trained on the bot's examples (`chatcache train BOT`)."""
+
+    def classify(self, text: str, embedding: np.ndarray | None = None) -> IntentResult:
+        """The verdict on one utterance; `embedding` is its unit-norm embedding when the caller has it."""
+        ...
+
+
+@dataclass(frozen=True)
+class PreviousTurn:
+    """The user's previous message and the intent the conversation was given for it."""
+
+    text: str
+    intent: str
+
+
+def read_in_context(reader: IntentReader, text: str, previous: PreviousTurn | None, embedding: np.ndarray | None = None) -> IntentResult:
+    """Read a message, and a follow-up that leans on the previous turn in its light.
+
+    "and how much does it cost?" right after "how long does a transfer abroad take?" names no
+    topic of its own: read alone it is out of scope or a guess. Read together with the previous
+    message it continues that topic (the transfer's fee). So a message that is not understood
+    on its own (out of scope, or less sure than the promotion needs) is read again after the
+    previous message, and that reading is kept when it finds an intent and is surer than the
+    message alone. A message that is clear alone is never re-read: context must not pull a
+    new request back into the old topic, and an out-of-scope request stays out of scope unless
+    the joined reading is both in scope and more confident.
+    """
+    alone = reader.classify(text, embedding)
+    if previous is None or previous.intent == OUT_OF_SCOPE or (alone.intent != OUT_OF_SCOPE and alone.confidence >= FOLLOW_UP_BELOW):
+        return alone
+    joined = reader.classify(f"{previous.text} {text}")
+    if joined.intent != OUT_OF_SCOPE and joined.confidence > alone.confidence:
+        return joined
+    return alone
 
 
 class IntentClassifier:
