@@ -145,7 +145,10 @@ def _parser() -> argparse.ArgumentParser:
     cluster_status.add_argument("--json", action="store_true", help="print one JSON object")
     cluster_actions.add_parser("down", help="stop the replicas (they drain and spill), the router and the database")
     commands.add_parser("bots", help="list the shipped bots (what --bot NAME accepts besides a YAML file)")
-    commands.add_parser("test-bot", help="run a bot's conversation tests: chatcache test-bot BOT FILE... (see --help)", add_help=False)
+    train = commands.add_parser("train", help="train a bot's intent model on its examples (its `training` settings)")
+    train.add_argument("bot", help="a bot YAML file or a shipped bot name")
+    train.add_argument("--force", action="store_true", help="train again even when a model for these examples is stored")
+    commands.add_parser("test-bot", help="run a bot's conversation tests: chatcache test-bot BOT [FILE...] (see --help)", add_help=False)
     init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
     init.add_argument("name", help="the bot's name, also its directory's")
     init.add_argument("--dir", type=Path, default=Path("."), help="where its directory goes (default: here)")
@@ -327,6 +330,32 @@ def _check_bot(bot: str | None) -> None:
         ) from None
 
 
+def _train(bot_name: str, force: bool) -> int:
+    """`chatcache train BOT`: 0 with the model stored (or already there), 2 for a bot that cannot be used."""
+    from dialog import BotDefinitionError, load_bot
+
+    from .intents.trained import find_trained, training_examples
+    from .intents.training import train_intent_model
+
+    try:
+        _check_bot(bot_name)
+        bot = load_bot(bot_name)
+    except BotDefinitionError as exc:
+        print(f"chatcache: {exc}", file=sys.stderr)
+        return 2
+    stored = find_trained(bot)
+    if stored is not None and not force:
+        print(f"A model trained on these examples is stored: {stored} (--force trains it again).")
+        return 0
+    try:
+        directory = train_intent_model(training_examples(bot), bot.training)
+    except ValueError as exc:
+        print(f"chatcache train: {exc}", file=sys.stderr)
+        return 2
+    print(f"Trained: {directory}. `chatcache chat --bot {bot_name}` reads its intents with it.")
+    return 0
+
+
 def _list_bots() -> int:
     from dialog import load_bot, shipped_bots
 
@@ -370,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list_bots()
     if args.command == "init":
         return _init(args.name, args.dir)
+    if args.command == "train":
+        return _train(args.bot, args.force)
     if args.command == "cluster":
         return _cluster(args)
     quiet = getattr(args, "json", False)

@@ -16,6 +16,7 @@ was said.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -43,6 +44,7 @@ from .tiers.conversations import Conversation, Conversations, check_storable
 from .steering.drift import DriftConfig
 from .errors import ConfigError, ContextWindowError, InvalidMessageError
 from .model.generation import prefill
+from .intents.trained import load_trained
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .steering.tool_router import ROUTE_THRESHOLD, ToolRouter
 from .steering.tool_use import bind_tools, tool_of
@@ -59,6 +61,8 @@ from .tiers.residency import KeyLocks, MemoryConfig, ResidentSessions
 from .tiers.token_tier import TokenTier, TokenTierStats
 from .tiers.turn_tier import TurnTier, TurnTierConfig
 from .worker_threads import close_at_exit
+
+log = logging.getLogger(__name__)
 
 
 ROLES = ("system", "user", "assistant", "tool")  # a tool message brings one call's result back (`complete`)
@@ -235,6 +239,13 @@ class ChatEngine:
             if needs_embedder
             else None
         )
+        # The bot's intents are read by the model `chatcache train` stored for exactly its examples, if there is one.
+        self.trained_intents = load_trained(self.bot) if self.bot is not None else None
+        if self.trained_intents is not None:
+            measured = self.trained_intents.info.measured
+            log.info("Intents: read by the model trained on this bot's examples (%s; held-out accuracy %s)", self.trained_intents.info.key, measured.get("accuracy"))
+        elif self.bot is not None:
+            log.info("Intents: read by nearest examples; `chatcache train %s` trains a model on them (more accurate, calibrated)", bot_name)
         self.coordinator = self._build_coordinator(drift, promote_threshold)
         self.answer_cache = (
             AnswerCache(
@@ -295,7 +306,9 @@ class ChatEngine:
             return None  # a plain chatbot: nothing to steer
         assert self._embed is not None
         config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
-        return ContextCoordinator(self.conversations, self.turn_tier, self._embed, self.bot, config, promote_threshold)
+        return ContextCoordinator(
+            self.conversations, self.turn_tier, self._embed, self.bot, config, promote_threshold, self.trained_intents
+        )
 
     # -- public API -------------------------------------------------------------------
 

@@ -116,6 +116,27 @@ class ClassifierSettings(_Strict):
     reject_score: float = 0.5
 
 
+class TrainingSettings(_Strict):
+    """How `chatcache train` trains the bot's intent model; every field is part of the stored
+    model's key, so `chat` and `serve` find the model trained with exactly these settings.
+
+    The encoder and a linear head learn together for `epochs`; `calibration_share` of each
+    intent's examples is held out to calibrate the confidence; a calibrated confidence below
+    `reject_below` is out of scope whatever the best intent (a bot without out-of-scope
+    examples has no other way to say "none of these").
+    """
+
+    encoder: str = Field(default="bundled", min_length=1)  # "bundled" (all-MiniLM-L6-v2), a model id or a path
+    epochs: int = Field(default=3, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    body_learning_rate: float = Field(default=5e-5, gt=0.0)
+    head_learning_rate: float = Field(default=1e-2, gt=0.0)
+    max_length: int = Field(default=64, ge=8)
+    calibration_share: float = Field(default=0.1, ge=0.0, lt=1.0)
+    reject_below: float = Field(default=0.4, ge=0.0, le=1.0)
+    seed: int = 0
+
+
 class BotDefinition(_Strict):
     """A whole bot: its persona, what it understands, and how it carries each request out."""
 
@@ -127,6 +148,11 @@ class BotDefinition(_Strict):
     examples_file: ExamplesFile | None = None
     knowledge: str | None = None  # the knowledge base's file (`KnowledgeFile`), beside the YAML
     classifier: ClassifierSettings = ClassifierSettings()
+    # What the bot does not do, in its customers' words: a trained intent model learns "none of
+    # these" from them as a class of its own (`chatcache train`); the nearest-example classifier
+    # ignores them and rejects by score alone.
+    out_of_scope_examples: list[str] = []
+    training: TrainingSettings = TrainingSettings()
     # The reply to a message no intent fits, outside a flow (mid-flow the flow asks again);
     # without one the model answers it.
     fallback: str | None = Field(default=None, min_length=1)

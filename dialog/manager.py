@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .classifier import IntentClassifier
+from .classifier import IntentReader, PreviousTurn, read_in_context
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow
 from .slots import SlotExtractor
 from .state_machine import DialogueEvent, DialogueStateMachine, EventType, State
@@ -60,7 +60,7 @@ class TurnDecision:
 class DialogueManager:
     """Drives a bot's flows from user text, holding no per-conversation state itself."""
 
-    def __init__(self, bot: BotDefinition, classifier: IntentClassifier, promote_threshold: float = 0.95) -> None:
+    def __init__(self, bot: BotDefinition, classifier: IntentReader, promote_threshold: float = 0.95) -> None:
         """Args:
         bot: The bot whose flows to run.
         classifier: Recognises the bot's intents.
@@ -80,6 +80,7 @@ class DialogueManager:
         text: str,
         turn_id: str | None = None,
         embedding: np.ndarray | None = None,
+        previous_text: str | None = None,
     ) -> TurnDecision:
         """Process one user turn.
 
@@ -89,6 +90,8 @@ class DialogueManager:
             turn_id: A unique id of this turn (e.g. the message id); it makes a retried turn
                 a no-op instead of a second event.
             embedding: the text's unit-norm embedding, if the caller already computed it.
+            previous_text: the user's previous message: a follow-up that leans on it ("and
+                how much does it cost?") is read in its light (`read_in_context`).
 
         Returns:
             The decision, including the new state.
@@ -97,7 +100,8 @@ class DialogueManager:
             IllegalTransitionError: The conversation is in a state that takes no user turn.
         """
         machine = DialogueStateMachine.from_dict(state) if state else DialogueStateMachine()
-        event, digression = self._event(machine, text, turn_id, embedding)
+        previous = PreviousTurn(previous_text, machine.intent) if previous_text and machine.intent else None
+        event, digression = self._event(machine, text, turn_id, embedding, previous)
         machine.apply(event)
         response = self._fixed_response(machine, turn_id)
         if event.type == EventType.OUT_OF_SCOPE and machine.state == State.IDLE:
@@ -130,7 +134,12 @@ class DialogueManager:
         return reply
 
     def _event(
-        self, machine: DialogueStateMachine, text: str, turn_id: str | None, embedding: np.ndarray | None
+        self,
+        machine: DialogueStateMachine,
+        text: str,
+        turn_id: str | None,
+        embedding: np.ndarray | None,
+        previous: PreviousTurn | None,
     ) -> tuple[DialogueEvent, str | None]:
         """The turn's one event, and the curated answer of a question asked mid-flow (a
         digression: the flow stays where it is)."""
@@ -155,7 +164,7 @@ class DialogueManager:
             if other is not None:
                 return self._detected(result.intent, result.confidence, text, turn_id), None
             return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id), None
-        result = self.classifier.classify(text, embedding)
+        result = read_in_context(self.classifier, text, previous, embedding)
         if result.intent == OUT_OF_SCOPE:
             return DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text, "confidence": result.confidence}, turn_id), None
         return self._detected(result.intent, result.confidence, text, turn_id), None

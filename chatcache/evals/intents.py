@@ -40,7 +40,18 @@ from dialog import OUT_OF_SCOPE, BotDefinition, BotDefinitionError, Embed, Inten
 from dialog.definition import ClassifierSettings
 
 from ..errors import ModelNotFoundError
-from .intent_data import IntentDataError, Row, evaluation_rows, held_out_split, is_clinc, out_of_scope_rows, training_texts
+from ..intents.trained import TrainedIntentClassifier, find_trained, training_examples
+from ..intents.training import train_intent_model
+from .intent_data import (
+    IntentDataError,
+    Row,
+    evaluation_rows,
+    held_out_split,
+    is_clinc,
+    out_of_scope_rows,
+    out_of_scope_training_texts,
+    training_texts,
+)
 
 PROMOTE_THRESHOLD = 0.95
 """The engine's default: above it an intent counts as confirmed (`DialogueManager.promote_threshold`)."""
@@ -146,18 +157,76 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chatcache eval intents: {error}", file=sys.stderr)
         return 2
     rows = rows if args.part == "all" else rows[args.part == "odd" :: 2]
-    classifier = IntentClassifier(bot, in_batches(embed, "examples"))
-    metrics = measure(rows, classify_rows(classifier, rows, in_batches(embed, "test rows")), args.promote)
+    if args.trained:
+        model = _trained_model(bot)
+        results = model.classify_many([text for text, _ in rows])
+        reader: dict[str, object] = {"trained": model.info.key, "settings": bot.training.model_dump(), "training": model.info.measured}
+    else:
+        classifier = IntentClassifier(bot, in_batches(embed, "examples"))
+        results = classify_rows(classifier, rows, in_batches(embed, "test rows"))
+        reader = {"nearest_examples": bot.classifier.model_dump()}
+    metrics = measure(rows, results, args.promote)
     report = {
         **asdict(metrics),
         "promote_threshold": args.promote,
         "intents": len(bot.intents),
         "examples": sum(len(intent.examples) for intent in bot.intents),
-        "classifier": bot.classifier.model_dump(),
+        "out_of_scope_examples": len(bot.out_of_scope_examples),
+        "classifier": reader,
+        "reliability": reliability(rows, results),
         "seconds": round(time.perf_counter() - started, 1),
     }
+    if args.plot is not None:
+        plot_reliability(report["reliability"], args.plot, f"{report['n']} rows, accuracy {metrics.accuracy}")
     print(json.dumps(report) if args.json else _table(report))
     return 0
+
+
+def reliability(rows: Sequence[Row], results: Sequence[IntentResult], bins: int = 10) -> list[dict[str, float | int]]:
+    """How often the verdict on an in-scope row is right, by its confidence: one dict per
+    non-empty bin of `bins` equal widths (its mean confidence, accuracy and row count). A
+    calibrated reader's accuracy follows its confidence; out_of_scope verdicts count as wrong."""
+    pairs = [(r.confidence, r.intent == label) for (_, label), r in zip(rows, results, strict=True) if label != OUT_OF_SCOPE]
+    table = []
+    for index in range(bins):
+        low, high = index / bins, (index + 1) / bins
+        inside = [(c, right) for c, right in pairs if low <= c < high or (index == bins - 1 and c == 1.0)]
+        if inside:
+            table.append(
+                {
+                    "confidence": round(float(np.mean([c for c, _ in inside])), 4),
+                    "accuracy": round(float(np.mean([right for _, right in inside])), 4),
+                    "rows": len(inside),
+                }
+            )
+    return table
+
+
+def plot_reliability(table: list[dict[str, float | int]], path: Path, title: str) -> None:
+    """The reliability diagram of `reliability`'s table as a PNG: accuracy against confidence, with the diagonal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5, 5))
+    axis.plot([0, 1], [0, 1], linestyle=":", color="grey", label="calibrated")
+    axis.plot([row["confidence"] for row in table], [row["accuracy"] for row in table], marker="o", label="measured")
+    for row in table:
+        axis.annotate(str(row["rows"]), (float(row["confidence"]), float(row["accuracy"])), fontsize=7, xytext=(3, -9), textcoords="offset points")
+    axis.set(xlabel="confidence of the verdict", ylabel="share of verdicts right", title=title, xlim=(0, 1), ylim=(0, 1.02))
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _trained_model(bot: BotDefinition) -> TrainedIntentClassifier:
+    """The model `chatcache train` stores for this bot's examples and settings: found, or trained now."""
+    stored = find_trained(bot)
+    if stored is None:
+        stored = train_intent_model(training_examples(bot), bot.training)
+    return TrainedIntentClassifier(stored)
 
 
 def _bot_and_rows(args: argparse.Namespace) -> tuple[BotDefinition, list[Row]]:
@@ -188,6 +257,12 @@ def _bot_and_rows(args: argparse.Namespace) -> tuple[BotDefinition, list[Row]]:
         else:
             by_label, rows = held_out_split(by_label, 0.2 if args.holdout is None else args.holdout, args.seed)
         bot = labelled_bot(by_label, args.per_intent)
+        if args.trained:  # a trained model learns "none of these" too, from the file's out-of-scope training queries
+            bot = bot.model_copy(update={"out_of_scope_examples": out_of_scope_training_texts(args.train)})
+    if args.epochs is not None:
+        if not args.trained:
+            raise IntentDataError("--epochs sets how a model is trained: it needs --trained")
+        bot = bot.model_copy(update={"training": bot.training.model_copy(update={"epochs": args.epochs})})
     if args.oos is not None:
         rows += out_of_scope_rows(args.oos, set(args.in_scope_domains.split(",")))
     if not rows:
@@ -252,6 +327,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--promote", type=_fraction, default=PROMOTE_THRESHOLD, help="confidence above which an intent is confirmed")
     for name in _SETTINGS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"override the classifier's {name.replace('_', ' ')}")
+    parser.add_argument("--trained", action="store_true", help="read with the model `chatcache train` stores for these examples (trained now if none is)")
+    parser.add_argument("--epochs", type=_positive, help="with --trained: override the training settings' epochs")
+    parser.add_argument("--plot", type=Path, help="write the reliability diagram (accuracy against confidence) to this PNG")
     parser.add_argument("--embedder", default="bundled", help="'bundled' (all-MiniLM-L6-v2), a sentence-transformers id or path")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser

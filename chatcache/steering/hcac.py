@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from cachetools import LRUCache
 
-from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, State
+from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, IntentReader, State
 from dialog.state_machine import DialogueStateMachine
 
 from ..tiers.conversations import Conversation, Conversations
@@ -145,15 +145,19 @@ class ContextCoordinator:
         bot: BotDefinition | None,
         drift: DriftConfig | None,
         promote_threshold: float = 0.95,
+        reader: IntentReader | None = None,
     ) -> None:
+        """`reader` reads the bot's intents (a trained model); without one, the nearest-example
+        classifier does, which is built anyway: its embedded examples are drift's topics."""
         self.conversations = conversations
         self.turn_tier = turn_tier
         self.embed = embed
+        nearest = IntentClassifier(bot, embed) if bot else None
         self.manager = (
-            DialogueManager(bot, IntentClassifier(bot, embed), promote_threshold=promote_threshold) if bot else None
+            DialogueManager(bot, reader or nearest, promote_threshold=promote_threshold) if bot and nearest else None
         )
         # The bot's intents are the topics drift is judged against; their examples are embedded once.
-        prototypes = self.manager.classifier.prototypes() if self.manager is not None else None
+        prototypes = nearest.prototypes() if nearest is not None else None
         self.drift = DriftDetector(drift, prototypes) if drift is not None else None
 
     def before_reply(self, conversation: Conversation, text: str, turn_id: str) -> TurnContext:
@@ -230,7 +234,8 @@ class ContextCoordinator:
             machine = DialogueStateMachine.from_dict(state)  # a new user turn starts over
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{turn_id}:reset"))
             state = machine.to_dict()
-        decision = self.manager.handle(state, text, turn_id, context.embedding)
+        previous_text = next((turn.content for turn in reversed(conversation.turns) if turn.role == "user"), None)
+        decision = self.manager.handle(state, text, turn_id, context.embedding, previous_text)
         conversation.dialogue = decision.state
         context.intent, context.confidence = decision.intent, decision.confidence
         context.dialogue_state = decision.state["state"]

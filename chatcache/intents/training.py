@@ -1,0 +1,183 @@
+"""Train a bot's intent model: `chatcache train BOT`.
+
+The encoder and a linear head over the bot's intents learn together from the bot's examples:
+sentence-transformers' trainer with a classification loss, cross-entropy through the whole
+sentence encoder. SetFit was compared (bench/README.md, "Trained intents"): its contrastive
+pairs then a logistic-regression head were made for a handful of examples an intent, and its
+end-to-end mode pads every example to the longest length allowed, which on 2 cores made an
+epoch of BANKING77 take hours; the trainer here pads each batch to its own longest example.
+
+A share of each intent's examples is held out from training and used for one thing only: the
+temperature that makes the head's probabilities calibrated (minimising their negative
+log-likelihood on those examples), so that the engine's promotion threshold, "confident above
+0.95", means what it says. What the held-out examples measured (accuracy, the confident share
+and its accuracy) is stored with the model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from scipy.optimize import minimize_scalar
+from torch import nn
+
+from dialog import OUT_OF_SCOPE
+
+from dialog.definition import TrainingSettings
+
+from .trained import model_dir, model_key
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+Progress = Callable[[str], None]
+
+PROMOTE = 0.95
+"""The engine's promotion threshold: training reports how the held-out examples fare above it."""
+
+
+def split_for_calibration(
+    examples: dict[str, list[str]], share: float, seed: int
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each label's examples split into (training, calibration); a label keeps at least one
+    example to train on, and gives at least one to calibration when it has two or more."""
+    rng = random.Random(seed)
+    train: dict[str, list[str]] = {}
+    held: dict[str, list[str]] = {}
+    for label, texts in examples.items():
+        shuffled = list(texts)
+        rng.shuffle(shuffled)
+        count = min(max(1, round(len(shuffled) * share)), len(shuffled) - 1) if len(shuffled) > 1 else 0
+        held[label], train[label] = shuffled[:count], shuffled[count:]
+    return train, held
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
+    """The temperature that minimises the negative log-likelihood of `labels` under softmax(logits / T)."""
+
+    def nll(log_t: float) -> float:
+        scaled = logits / np.exp(log_t)
+        scaled = scaled - scaled.max(axis=1, keepdims=True)
+        log_probs = scaled - np.log(np.exp(scaled).sum(axis=1, keepdims=True))
+        return float(-log_probs[np.arange(len(labels)), labels].mean())
+
+    return float(np.exp(minimize_scalar(nll, bounds=(-4.0, 4.0), method="bounded").x))
+
+
+class IntentHeadLoss(nn.Module):
+    """Cross-entropy of a linear head over the encoder's sentence embedding: the loss through
+    which sentence-transformers' trainer fine-tunes the encoder and learns the head together
+    (the trainer optimises a loss's own parameters too, as it does for its `SoftmaxLoss`)."""
+
+    def __init__(self, model: SentenceTransformer, labels: int) -> None:
+        super().__init__()
+        self.model = model
+        dimension = model.get_embedding_dimension()
+        if dimension is None:
+            raise ValueError("the encoder does not say the size of its sentence embedding")
+        self.classifier = nn.Linear(dimension, labels)
+
+    def forward(self, sentence_features: list[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
+        embeddings = self.model(sentence_features[0])["sentence_embedding"]
+        return nn.functional.cross_entropy(self.classifier(embeddings), labels)
+
+
+def train_intent_model(
+    examples: dict[str, list[str]],
+    settings: TrainingSettings,
+    data_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Train, calibrate and store a model for these examples; returns its directory.
+
+    Raises:
+        ValueError: fewer than two labels, or a label without examples.
+    """
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from ..model.loading import embedder_source
+
+    say = progress or (lambda line: print(line, file=sys.stderr))
+    empty = [label for label, texts in examples.items() if not texts]
+    if len(examples) < 2 or empty:
+        raise ValueError(f"an intent model needs two labels or more, each with examples (without any: {', '.join(empty) or '-'})")
+    started = time.perf_counter()
+    labels = sorted(examples)
+    train, held = split_for_calibration(examples, settings.calibration_share, settings.seed)
+    rows = [(text, labels.index(label)) for label in labels for text in train[label]]
+    torch.manual_seed(settings.seed)
+    encoder = SentenceTransformer(embedder_source(settings.encoder), device="cpu")
+    encoder.max_seq_length = settings.max_length
+    loss = IntentHeadLoss(encoder, len(labels))
+    say(f"training on {len(rows)} examples of {len(labels)} labels for {settings.epochs} epochs; {sum(map(len, held.values()))} held out to calibrate")
+    with tempfile.TemporaryDirectory(prefix="chatcache-train-") as checkpoints:
+        arguments = SentenceTransformerTrainingArguments(
+            output_dir=checkpoints,
+            num_train_epochs=settings.epochs,
+            per_device_train_batch_size=settings.batch_size,
+            learning_rate=settings.body_learning_rate,
+            learning_rate_mapping={r"^classifier\.": settings.head_learning_rate},
+            warmup_ratio=0.1,
+            seed=settings.seed,
+            save_strategy="no",
+            report_to="none",
+            logging_steps=50,
+            use_cpu=True,
+        )
+        dataset = Dataset.from_dict({"text": [text for text, _ in rows], "label": [label for _, label in rows]})
+        SentenceTransformerTrainer(model=encoder, args=arguments, train_dataset=dataset, loss=loss).train()
+    encoder.eval()
+    weight = loss.classifier.weight.detach().cpu().contiguous()
+    bias = loss.classifier.bias.detach().cpu().contiguous()
+    held_texts = [text for label in labels for text in held[label]]
+    held_targets = np.array([labels.index(label) for label in labels for _ in held[label]])
+    with torch.inference_mode():
+        vectors = encoder.encode(held_texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
+        logits = (vectors @ weight.T + bias).numpy().astype(np.float64)
+    temperature = fit_temperature(logits, held_targets) if len(held_texts) else 1.0
+    measured = _held_out_figures(logits, held_targets, temperature, labels)
+    measured["training_seconds"] = round(time.perf_counter() - started, 1)
+    key = model_key(examples, settings)
+    directory = model_dir(key, data_dir)
+    staging = directory.with_name(f"{key}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    encoder.save(str(staging / "encoder"))
+    save_file({"weight": weight, "bias": bias}, str(staging / "head.safetensors"))
+    record: dict[str, Any] = {"labels": labels, "temperature": temperature, "settings": settings.model_dump(), "measured": measured}
+    (staging / "model.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
+    shutil.rmtree(directory, ignore_errors=True)
+    staging.rename(directory)  # a model appears whole or not at all: chat never loads half of one
+    say(f"stored {directory} ({measured['training_seconds']:.0f} s): {json.dumps(measured)}")
+    return directory
+
+
+def _held_out_figures(logits: np.ndarray, targets: np.ndarray, temperature: float, labels: list[str]) -> dict[str, Any]:
+    """Accuracy and the confident share on the calibration examples, before and after the temperature."""
+    if not len(targets):
+        return {"held_out": 0}
+    scaled = logits / temperature
+    probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    best = probs.argmax(axis=1)
+    right = best == targets
+    sure = (probs.max(axis=1) > PROMOTE) & (np.array(labels)[best] != OUT_OF_SCOPE)
+    return {
+        "held_out": int(len(targets)),
+        "accuracy": round(float(right.mean()), 4),
+        "confident_share": round(float(sure.mean()), 4),
+        "confident_accuracy": round(float(right[sure].mean()), 4) if sure.any() else None,
+        "temperature": round(temperature, 4),
+    }

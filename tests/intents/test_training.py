@@ -1,0 +1,117 @@
+"""A bot's trained intent model: trained, stored under the key of what it learned from, found, calibrated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chatcache.intents.trained import TrainedIntentClassifier, find_trained, load_trained, model_key, training_examples
+from chatcache.intents.training import fit_temperature, split_for_calibration, train_intent_model
+from dialog import OUT_OF_SCOPE, BotDefinition, Intent
+
+WORDS = {
+    "lost_card": ["card lost", "lost my card", "card gone missing", "card lost again", "my card is lost", "lost card help"],
+    "balance": ["balance please", "my balance", "show balance", "balance now", "what balance", "account balance"],
+    "hours": ["opening hours", "hours today", "branch hours", "your hours", "hours on sunday", "what hours"],
+}
+NONE_OF_THESE = ["pizza recipe", "weather forecast", "football score", "pizza tonight", "weather today", "football game"]
+
+
+def toy_bot(encoder: Path, **changes: object) -> BotDefinition:
+    """Three intents and out-of-scope examples that a tiny encoder can tell apart by their words."""
+    intents = [Intent(name=name, examples=examples) for name, examples in WORDS.items()]
+    training = {"encoder": str(encoder), "epochs": 30, "batch_size": 8, "body_learning_rate": 1e-3, "head_learning_rate": 5e-2, "calibration_share": 0.2}
+    bot = BotDefinition(system_prompt="A bank.", intents=intents, out_of_scope_examples=NONE_OF_THESE, training=training)
+    return bot.model_copy(update=changes)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_encoder_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[BotDefinition, Path, Path]:
+    """The toy bot's model, trained once for the module into its own data directory."""
+    bot = toy_bot(tiny_encoder_dir)
+    data_dir = tmp_path_factory.mktemp("data")
+    return bot, data_dir, train_intent_model(training_examples(bot), bot.training, data_dir, progress=lambda line: None)
+
+
+def test_the_model_is_stored_under_the_key_of_its_examples_and_settings_as_tensors_and_json(trained) -> None:  # type: ignore[no-untyped-def]
+    bot, data_dir, directory = trained
+    assert directory.name == model_key(training_examples(bot), bot.training)
+    assert find_trained(bot, data_dir) == directory
+    assert {path.name for path in directory.iterdir()} == {"encoder", "head.safetensors", "model.json"}
+    assert not [path for path in directory.rglob("*") if path.suffix in (".pkl", ".pickle", ".joblib", ".bin")]
+    assert not list(directory.parent.glob("*.partial"))  # no half-written model left beside it
+
+
+def test_a_changed_example_or_setting_misses_the_stored_model(trained) -> None:  # type: ignore[no-untyped-def]
+    bot, data_dir, _ = trained
+    more = [*bot.intents[:2], bot.intents[2].model_copy(update={"examples": [*WORDS["hours"], "when are you open"]})]
+    assert find_trained(bot.model_copy(update={"intents": more}), data_dir) is None
+    assert find_trained(bot.model_copy(update={"training": bot.training.model_copy(update={"epochs": 41})}), data_dir) is None
+    assert find_trained(bot.model_copy(update={"out_of_scope_examples": NONE_OF_THESE[:3]}), data_dir) is None
+
+
+def test_the_trained_model_reads_intents_and_learns_out_of_scope(trained) -> None:  # type: ignore[no-untyped-def]
+    _, _, directory = trained
+    model = TrainedIntentClassifier(directory)
+    assert model.classify("I lost my card").intent == "lost_card"
+    assert model.classify("what is my balance").intent == "balance"
+    assert model.classify("branch opening hours").intent == "hours"
+    verdict = model.classify("a pizza recipe for tonight")
+    assert verdict.intent == OUT_OF_SCOPE
+    assert set(verdict.scores) == set(WORDS)  # "none of these" is no intent a caller may be given
+    rows = model.probabilities(["card lost", "weather"])
+    assert rows.shape == (2, 4) and np.allclose(rows.sum(axis=1), 1.0)
+
+
+def test_one_message_reads_as_it_does_among_many(trained) -> None:  # type: ignore[no-untyped-def]
+    model = TrainedIntentClassifier(trained[2])
+    texts = ["I lost my card", "balance now please", "football"]
+    for text, together in zip(texts, model.classify_many(texts), strict=True):
+        alone = model.classify(text)
+        assert alone.intent == together.intent  # padding beside longer texts changes the floats' last bits only
+        assert alone.confidence == pytest.approx(together.confidence, abs=1e-4)
+
+
+def test_load_trained_finds_the_model_in_the_data_directory(trained, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    bot, data_dir, directory = trained
+    monkeypatch.setenv("CHATCACHE_DATA_DIR", str(data_dir))
+    model = load_trained(bot)
+    assert model is not None and model.info.key == directory.name and model.info.settings == bot.training
+    monkeypatch.setenv("CHATCACHE_DATA_DIR", str(data_dir / "elsewhere"))
+    assert load_trained(bot) is None
+
+
+def test_a_directory_without_a_whole_model_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "model.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no trained intent model"):
+        TrainedIntentClassifier(tmp_path)
+
+
+def test_training_needs_two_labels_with_examples(tiny_encoder_dir: Path, tmp_path: Path) -> None:
+    bot = toy_bot(tiny_encoder_dir)
+    with pytest.raises(ValueError, match="two labels or more"):
+        train_intent_model({"only": ["one", "two"]}, bot.training, tmp_path)
+    with pytest.raises(ValueError, match="without any: empty"):
+        train_intent_model({"a": ["x", "y"], "empty": []}, bot.training, tmp_path)
+
+
+def test_calibration_split_keeps_an_example_of_every_label_to_train_on() -> None:
+    train, held = split_for_calibration({"a": ["1", "2", "3", "4", "5"], "b": ["6", "7"], "c": ["8"]}, 0.4, seed=0)
+    assert {label: len(texts) for label, texts in held.items()} == {"a": 2, "b": 1, "c": 0}
+    assert {label: len(texts) for label, texts in train.items()} == {"a": 3, "b": 1, "c": 1}
+    assert sorted(train["a"] + held["a"]) == ["1", "2", "3", "4", "5"]
+    assert split_for_calibration({"a": ["1", "2", "3", "4", "5"]}, 0.4, seed=0) == split_for_calibration({"a": ["1", "2", "3", "4", "5"]}, 0.4, seed=0)
+
+
+def test_the_fitted_temperature_recovers_the_one_the_labels_were_drawn_with() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0.0, 4.0, size=(4000, 5))
+    true = 2.0
+    probs = np.exp(logits / true)
+    probs /= probs.sum(axis=1, keepdims=True)
+    labels = np.array([rng.choice(5, p=row) for row in probs])
+    assert fit_temperature(logits, labels) == pytest.approx(true, rel=0.1)
+    overconfident = fit_temperature(logits * 3, labels)
+    assert overconfident == pytest.approx(3 * true, rel=0.1)
