@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster_status.add_argument("--json", action="store_true", help="print one JSON object")
     cluster_actions.add_parser("down", help="stop the replicas (they drain and spill), the router and the database")
     commands.add_parser("bots", help="list the shipped bots (what --bot NAME accepts besides a YAML file)")
-    commands.add_parser("test-bot", help="run a bot's conversation tests: chatcache test-bot BOT FILE... (see --help)", add_help=False)
+    commands.add_parser("test-bot", help="run a bot's conversation tests: chatcache test-bot BOT [FILE...] (see --help)", add_help=False)
     init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
     init.add_argument("name", help="the bot's name, also its directory's")
     init.add_argument("--dir", type=Path, default=Path("."), help="where its directory goes (default: here)")

@@ -111,6 +111,21 @@ def _with_files(bot: BotDefinition, root: yaml.Node | None, source: str, directo
     return bot.model_copy(update=update) if update else bot
 
 
+def default_stories(bot: str | Path) -> Path:
+    """The conversation tests that come with a bot, for `chatcache test-bot BOT` without files:
+    `NAME/stories.yaml` beside the bot file `NAME.yaml` (the shipped bots' layout), else
+    `stories.yaml` in the bot file's own directory (the layout `chatcache init` writes).
+
+    Raises:
+        FileNotFoundError: no bot of that name or file, or no stories beside it.
+    """
+    file = _resolve(bot)
+    for candidate in (file.parent / file.stem / "stories.yaml", file.parent / "stories.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no stories beside {file}: name a story file (chatcache test-bot {bot} FILE)")
+
+
 def load_stories(path: str | Path) -> StoryFile:
     """Read and validate a file of conversation tests (`dialog.stories`).
 

@@ -1,4 +1,5 @@
-"""Run a bot's conversation tests (`dialog.stories`): `chatcache test-bot BOT FILE...`.
+"""Run a bot's conversation tests (`dialog.stories`): `chatcache test-bot BOT [FILE...]`; without
+files, the stories that come with the bot (`dialog.loader.default_stories`).
 
 Each story runs in a new session of one engine on the bot, with the answer cache off (a story
 must not pass because an earlier one left an answer behind) and drift detection on, as the bot
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from dialog import ActionError, BotDefinitionError, load_stories
+from dialog.loader import default_stories
 from dialog.stories import ExpectedAction, Story, StoryTurn
 
 from ..engine import ChatEngine
@@ -73,13 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`chatcache test-bot`: 0 when every story passes, 1 when one fails, 2 for a file that cannot be used."""
     parser = argparse.ArgumentParser(prog="chatcache test-bot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bot", help="the bot: a YAML file or a shipped bot name")
-    parser.add_argument("files", nargs="+", help="story files (YAML)")
+    parser.add_argument("files", nargs="*", help="story files (YAML); default: the stories beside the bot")
     parser.add_argument("--model", default="bundled", help="'bundled', a Hugging Face model id or a local path")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="reply length of the turns the model answers")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     try:
-        stories = [(path, story) for path in args.files for story in load_stories(path).stories]
+        files = args.files or [str(default_stories(args.bot))]
+        stories = [(path, story) for path in files for story in load_stories(path).stories]
     except (BotDefinitionError, OSError) as error:
         print(f"chatcache test-bot: {error}", file=sys.stderr)
         return 2
