@@ -790,8 +790,10 @@ class ChatEngine:
             who = ActionContext(self.tenant, self.conversations.user_id, turn.session_id, turn.id)
             turn.action = self.actions.perform(turn.context.intent, slots, who)
             stats.tier, stats.finish_reason, stats.ttft_s = "action", "action", time.perf_counter() - turn.started
-            yield turn.action.reply
-            turn.reply = Message("assistant", turn.action.reply)
+            # What the flow says after the action's reply: the answer to, or offer of, a second request.
+            said = "\n\n".join(part for part in (turn.action.reply, turn.context.bot_reply) if part)
+            yield said
+            turn.reply = Message("assistant", said)
         elif turn.context.bot_reply is not None:
             # The flow needs a slot or a confirmation: the bot's own question is the answer.
             self._record_user(conversation, turn)

@@ -3,7 +3,7 @@
 Nothing here imports a model library; the intent classifier is handed an embedding function.
 """
 
-from .actions import ActionContext, ActionError, ActionOutcome, Actions, action
+from .actions import ActionContext, ActionError, ActionOutcome, ActionRefused, Actions, action
 from .classifier import Embed, IntentClassifier, IntentReader, IntentResult, PreviousTurn, read_in_context
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow, Intent, Slot
 from .loader import BotDefinitionError, load_bot, load_stories, parse_bot
@@ -25,6 +25,7 @@ __all__ = [
     "ActionContext",
     "ActionError",
     "ActionOutcome",
+    "ActionRefused",
     "Actions",
     "action",
     "TRANSITIONS",

@@ -10,6 +10,12 @@ a JSON-able mapping, and the user sees the flow's `response` template filled wit
 or returns something that is not JSON, gets the flow's `error_response` (or a default offering
 a human) and is logged; the flow ends either way, so the dialogue state stays consistent.
 
+Why it failed reaches the user when the action says it for them: `raise ActionRefused("Your
+balance of 2,200.00 EUR does not cover 1,000,000.00 EUR.")` fills `{reason}` in the flow's
+`error_response`, and goes before it when the template has no `{reason}`, so no bot can hide a
+refusal's reason behind a generic apology. Any other exception is a fault of the bot's code or
+its backend: its text may hold internals, so `{reason}` is `UNEXPECTED_REASON` instead.
+
 An action that only reads may keep its result for a while (`cache_ttl_s`), and one that changes
 what others read drops their kept results (`invalidates`): `dialog.results`.
 
@@ -36,7 +42,9 @@ from .results import ToolResults
 
 log = logging.getLogger("chatcache.actions")
 MARK = "__chatcache_action__"
-DEFAULT_ERROR_RESPONSE = "Sorry, I could not do that just now. Would you like me to put you through to a human agent?"
+DEFAULT_ERROR_RESPONSE = "Sorry, I could not do that: {reason} Would you like me to put you through to a human agent?"
+UNEXPECTED_REASON = "Something went wrong on our side."
+"""`{reason}` when an action failed with anything but `ActionRefused`."""
 Function = TypeVar("Function", bound=Callable[..., Any])
 
 
@@ -94,6 +102,11 @@ class ActionOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arguments": self.arguments, "result": self.result, "error": self.error, "cached": self.cached}
+
+
+class ActionRefused(Exception):
+    """Raised by an action that will not do what was asked, with why, written for the user
+    ("That is your own account; a transfer goes to someone else's."): it becomes `{reason}`."""
 
 
 class ActionError(ValueError):
@@ -180,10 +193,14 @@ class Actions:
             if not isinstance(result, Mapping):
                 raise TypeError(f"returned {type(result).__name__}, not a mapping")
             result = json.loads(json.dumps(dict(result)))  # JSON-able, and a copy the action cannot change later
+        except ActionRefused as refusal:
+            log.info("action %r refused for session %r: %s", flow.action, context.session_id, refusal)
+            reply = _refusal_reply(flow.error_response, arguments, str(refusal))
+            return ActionOutcome(flow.action, arguments, None, reply, error=repr(refusal))
         except Exception as exc:  # noqa: BLE001 - any failure of the bot's code gets the defined reply
             log.exception("action %r failed for session %r", flow.action, context.session_id)
-            reply = flow.error_response or DEFAULT_ERROR_RESPONSE
-            return ActionOutcome(flow.action, arguments, None, _render(reply, arguments, {}), error=repr(exc))
+            reply = _render(flow.error_response or DEFAULT_ERROR_RESPONSE, {**arguments, "reason": UNEXPECTED_REASON}, {})
+            return ActionOutcome(flow.action, arguments, None, reply, error=repr(exc))
         finally:  # even a failed transfer may have moved money before it raised
             if spec.invalidates:
                 self.results.invalidate(context.tenant, spec.invalidates)
@@ -210,6 +227,14 @@ class _Fields:
             return self._values[name]
         except KeyError:
             raise AttributeError(name) from None
+
+
+def _refusal_reply(error_response: str | None, slots: Mapping[str, str], reason: str) -> str:
+    """The flow's error response with `{reason}` filled; the reason first when it has no place for it."""
+    template = error_response or DEFAULT_ERROR_RESPONSE
+    if "{reason}" not in template:
+        template = "{reason} " + template
+    return _render(template, {**slots, "reason": reason}, {})
 
 
 def _render(template: str, slots: Mapping[str, str], result: Mapping[str, Any]) -> str:

@@ -29,17 +29,25 @@ class _Strict(BaseModel):
 class Slot(_Strict):
     """A piece of information a flow needs, and how to find it in the user's text.
 
-    `kind: amount` uses the built-in money/number extractor; a `text` slot needs a
-    `pattern` (first non-empty capture group, else the whole match) or a list of `values`.
+    `kind: amount` uses the built-in money/number extractor (a minus sign is kept: "-50" is
+    refused, never read as 50), `kind: currency` the built-in currency names ("dollars", "$",
+    "GBP": an ISO code); a `text` slot needs a `pattern` (first non-empty capture group, else
+    the whole match) or a list of `values`. A slot with a `default` takes it when the user does
+    not say one, and is never asked for. A value that does not match `valid` in full (or an
+    amount not above zero) is refused with `invalid` (a template of `{value}`): the user hears
+    why, and the flow asks again (`dialog.slots`).
     """
 
     name: str = Field(min_length=1)
     description: str = ""
-    kind: Literal["text", "amount"] = "text"
+    kind: Literal["text", "amount", "currency"] = "text"
     pattern: str | None = None
     values: list[str] | None = None
+    default: str | None = Field(default=None, min_length=1)
+    valid: str | None = None
+    invalid: str | None = Field(default=None, min_length=1)
 
-    @field_validator("pattern")
+    @field_validator("pattern", "valid")
     @classmethod
     def _pattern_compiles(cls, pattern: str | None) -> str | None:
         if pattern is not None:
@@ -48,6 +56,18 @@ class Slot(_Strict):
             except re.error as exc:
                 raise ValueError(f"invalid regex: {exc}") from exc
         return pattern
+
+    @field_validator("invalid")
+    @classmethod
+    def _invalid_names_only_the_value(cls, template: str | None) -> str | None:
+        if template is not None:
+            try:
+                fields = {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+            except ValueError as exc:
+                raise ValueError(f"bad template: {exc}") from exc
+            if fields - {"value"}:
+                raise ValueError(f"the only placeholder is {{value}}, not {', '.join(sorted(fields - {'value'}))}")
+        return template
 
 
 class Intent(_Strict):
@@ -92,7 +112,8 @@ class Flow(_Strict):
     """What the bot does once an intent is detected: ask, confirm, act; or hand off.
 
     `response` is what the user sees once `action` ran: a template of the intent's slots and
-    the action's result (`{result.reference}`); `error_response` when the action failed. A flow
+    the action's result (`{result.reference}`); `error_response` when the action failed, with why
+    as `{reason}` (`dialog.actions.ActionRefused`; put before it when it has no `{reason}`). A flow
     without an action may have a `response` too: the intent's fixed reply, given once its slots
     are in (and confirmed), so the model never words it. A hand-off flow's `response` is what
     the bot says as it hands the conversation to a person.
@@ -214,8 +235,10 @@ def reference_errors(bot: BotDefinition) -> list[tuple[Loc, str]]:
         seen.add(slot.name)
         if slot.kind == "text" and slot.pattern is None and not slot.values:
             errors.append((("slots", k), "a text slot needs a pattern or values to be extracted"))
-        if slot.kind == "amount" and (slot.pattern is not None or slot.values):
-            errors.append((("slots", k, "kind"), "an amount slot takes no pattern or values"))
+        if slot.kind != "text" and (slot.pattern is not None or slot.values):
+            errors.append((("slots", k, "kind"), f"a{'n' if slot.kind == 'amount' else ''} {slot.kind} slot takes no pattern or values"))
+        if slot.valid is not None and slot.invalid is None:
+            errors.append((("slots", k, "valid"), "a slot with `valid` needs `invalid`, the reply that says why a value is refused"))
     for name, flow in bot.flows.items():
         errors.extend(_flow_errors(name, flow, bot if name in intent_names else None))
     return errors
@@ -231,15 +254,16 @@ def _flow_errors(name: str, flow: Flow, bot: BotDefinition | None) -> list[tuple
     for slot in flow.ask:
         if slot not in slots:
             errors.append((("flows", name, "ask", slot), f"intent '{name}' has no slot '{slot}'"))
+    defaults = {slot.name for slot in bot.slots if slot.default is not None}
     for slot in slots:
-        if slot not in flow.ask and not flow.hand_off:
+        if slot not in flow.ask and slot not in defaults and not flow.hand_off:
             errors.append((("flows", name, "ask"), f"no prompt for slot '{slot}'"))
     if flow.error_response and not flow.action:
         errors.append((("flows", name, "error_response"), "an error response needs an action that can fail"))
     for key, template, extra in (
         ("confirm", flow.confirm, set()),
         ("response", flow.response, {"result"} if flow.action else set()),
-        ("error_response", flow.error_response, set()),
+        ("error_response", flow.error_response, {"reason"}),
     ):
         if template is None:
             continue
@@ -249,6 +273,6 @@ def _flow_errors(name: str, flow: Flow, bot: BotDefinition | None) -> list[tuple
             errors.append((("flows", name, key), f"bad template: {exc}"))
             continue
         for field in sorted(fields - set(slots) - extra):
-            hint = " (or result.FIELD)" if extra else ""
+            hint = " (or result.FIELD)" if "result" in extra else " (or reason)" if extra else ""
             errors.append((("flows", name, key), f"placeholder '{{{field}}}' is not a slot of '{name}'{hint}"))
     return errors

@@ -37,11 +37,12 @@ class EventType(str, Enum):
     HAND_OFF = "HAND_OFF"  # payload (optional): intent, confidence
     RESET = "RESET"
     OUT_OF_SCOPE = "OUT_OF_SCOPE"
+    OFFERED = "OFFERED"  # the bot offered the waiting second request ("shall I go on with that?")
 
 
 _ANY_TIME = {EventType.HAND_OFF, EventType.RESET}
 TRANSITIONS: Mapping[State, frozenset[EventType]] = {
-    State.IDLE: frozenset({EventType.INTENT_DETECTED, EventType.OUT_OF_SCOPE, *_ANY_TIME}),
+    State.IDLE: frozenset({EventType.INTENT_DETECTED, EventType.OUT_OF_SCOPE, EventType.OFFERED, *_ANY_TIME}),
     State.COLLECTING_SLOTS: frozenset(
         {EventType.SLOT_FILLED, EventType.INTENT_DETECTED, EventType.OUT_OF_SCOPE, *_ANY_TIME}
     ),
@@ -49,13 +50,14 @@ TRANSITIONS: Mapping[State, frozenset[EventType]] = {
         {EventType.CONFIRMED, EventType.DENIED, EventType.SLOT_FILLED, EventType.INTENT_DETECTED}
         | {EventType.OUT_OF_SCOPE, *_ANY_TIME}
     ),
-    State.ACTING: frozenset({EventType.ACTED, *_ANY_TIME}),
+    State.ACTING: frozenset({EventType.ACTED, EventType.OFFERED, *_ANY_TIME}),
     State.HANDED_OFF: frozenset({EventType.RESET}),
-    State.DONE: frozenset({EventType.INTENT_DETECTED, EventType.OUT_OF_SCOPE, *_ANY_TIME}),
+    State.DONE: frozenset({EventType.INTENT_DETECTED, EventType.OUT_OF_SCOPE, EventType.OFFERED, *_ANY_TIME}),
 }
 """Events each state accepts; anything else raises `IllegalTransitionError`."""
 
 _FLOW_STATES = {State.COLLECTING_SLOTS, State.CONFIRMING, State.ACTING}
+_NOT_THE_USER = {EventType.ACTED, EventType.OFFERED}  # events of the bot's own turn, not of a user's message
 
 
 class IllegalTransitionError(Exception):
@@ -89,7 +91,13 @@ class DialogueEvent:
 
 
 class DialogueStateMachine:
-    """One conversation's position in its flow, advanced one event at a time."""
+    """One conversation's position in its flow, advanced one event at a time.
+
+    Besides the flow, it keeps the second request of a message that made two (`waiting`: its
+    text, carried by INTENT_DETECTED as "waiting"), which outlives the first flow however that
+    ends; once offered (OFFERED) it is `offered`, and the user's next message answers the offer
+    or moves on: any event of a user's message drops it.
+    """
 
     def __init__(self) -> None:
         self.state = State.IDLE
@@ -101,6 +109,8 @@ class DialogueStateMachine:
         self.confirmed = False
         self.version = 0
         self.last_event: str | None = None
+        self.waiting: str | None = None
+        self.offered: str | None = None
 
     @property
     def flow_active(self) -> bool:
@@ -130,6 +140,8 @@ class DialogueStateMachine:
             return False
         if event.type not in TRANSITIONS[self.state]:
             raise IllegalTransitionError(self.state, event.type)
+        if event.type not in _NOT_THE_USER:
+            self.offered = None
         self._handlers[event.type](self, event.payload)
         self.last_event = fingerprint
         self.version += 1
@@ -140,6 +152,8 @@ class DialogueStateMachine:
         self.slots = dict(payload.get("slots", {}))
         self.required = list(payload.get("required", []))
         self.needs_confirmation = bool(payload.get("confirm", False))
+        if payload.get("waiting"):
+            self.waiting = str(payload["waiting"])
         self._advance()
 
     def _slot_filled(self, payload: Mapping[str, Any]) -> None:
@@ -156,6 +170,9 @@ class DialogueStateMachine:
 
     def _acted(self, payload: Mapping[str, Any]) -> None:
         self.state = State.DONE
+
+    def _offered(self, payload: Mapping[str, Any]) -> None:
+        self.offered, self.waiting = self.waiting, None
 
     def _hand_off(self, payload: Mapping[str, Any]) -> None:
         if "intent" in payload:
@@ -196,6 +213,7 @@ class DialogueStateMachine:
         EventType.HAND_OFF: _hand_off,
         EventType.RESET: _reset,
         EventType.OUT_OF_SCOPE: _out_of_scope,
+        EventType.OFFERED: _offered,
     }
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,6 +229,8 @@ class DialogueStateMachine:
             "version": self.version,
             "flow_active": self.flow_active,
             "last_event": self.last_event,
+            "waiting": self.waiting,
+            "offered": self.offered,
         }
 
     @classmethod
@@ -226,6 +246,8 @@ class DialogueStateMachine:
         machine.confirmed = bool(data.get("confirmed", False))
         machine.version = int(data.get("version", 0))
         machine.last_event = data.get("last_event")
+        machine.waiting = data.get("waiting")
+        machine.offered = data.get("offered")
         return machine
 
 

@@ -256,6 +256,6 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     BertModel(config).save_pretrained(directory / "bert")
     tokenizer.save_pretrained(directory / "bert")
     transformer = models.Transformer(str(directory / "bert"), max_seq_length=32)
-    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
     SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu").save(str(directory / "encoder"))
     return directory / "encoder"

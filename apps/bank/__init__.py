@@ -14,6 +14,7 @@ from .core_banking import (
     CardInfo,
     CoreBanking,
     Receipt,
+    demo_account_number,
     format_money,
 )
 from .database import DB_ENV, database_url
@@ -31,5 +32,6 @@ __all__ = [
     "Receipt",
     "TransferStatus",
     "database_url",
+    "demo_account_number",
     "format_money",
 ]

@@ -17,6 +17,7 @@ currency, and no interest, fees, statements or authentication: the chatbot vouch
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from collections.abc import Callable
@@ -77,6 +78,13 @@ def format_money(cents: int) -> str:
     return f"{Decimal(cents) / 100:,.2f}"
 
 
+def demo_account_number(user_id: str, attempt: int = 0) -> str:
+    """The account number a new demo customer gets: the same in every new demo database, so a
+    conversation test can name the customer's own account (the `attempt`-th, after collisions)."""
+    digest = hashlib.sha256(f"{user_id}/{attempt}".encode()).digest()
+    return f"{int.from_bytes(digest[:8], 'big') % 10**8:08d}"
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)  # naive UTC, as the tables keep it
 
@@ -111,15 +119,18 @@ class CoreBanking:
             account = session.get_one(Account, account_id)
             return Balance(account.number, account.balance_cents, account.currency)
 
-    def transfer(self, user_id: str, amount: Decimal, to_account: str, idempotency_key: str | None = None) -> Receipt:
-        """Send `amount` to the account number `to_account`; with a key already used, the
-        first transfer's receipt, and no money moves.
+    def transfer(
+        self, user_id: str, amount: Decimal, to_account: str, currency: str = CURRENCY, idempotency_key: str | None = None
+    ) -> Receipt:
+        """Send `amount` of `currency` to the account number `to_account`; with a key already
+        used, the first transfer's receipt, and no money moves.
 
         Raises:
-            BankingError: the amount is not positive or not covered by the balance, or the
-                account number is not 8 digits or is the customer's own.
+            BankingError: the amount is not positive or not covered by the balance, the
+                currency is not the bank's, or the account number is not 8 digits or is the
+                customer's own.
         """
-        cents = _cents(amount)
+        cents = _cents(amount, currency)
         account_id = self._account_id(user_id)
 
         def send(session: Session) -> Receipt:
@@ -144,14 +155,15 @@ class CoreBanking:
 
         return self._once(idempotency_key, lambda session, key: _transfer_by_key(session, account_id, key), send)
 
-    def top_up(self, user_id: str, amount: Decimal, idempotency_key: str | None = None) -> Receipt:
-        """Pay `amount` into the account; with a key already used, the first top-up's receipt,
-        and no money moves.
+    def top_up(self, user_id: str, amount: Decimal, currency: str = CURRENCY, idempotency_key: str | None = None) -> Receipt:
+        """Pay `amount` of `currency` into the account; with a key already used, the first
+        top-up's receipt, and no money moves.
 
         Raises:
-            BankingError: the amount is not positive or is over the limit of one top-up.
+            BankingError: the amount is not positive or is over the limit of one top-up, or the
+                currency is not the bank's.
         """
-        cents = _cents(amount)
+        cents = _cents(amount, currency)
         if cents > MAX_TOP_UP_CENTS:
             raise BankingError(f"A top-up can be at most {format_money(MAX_TOP_UP_CENTS)} {CURRENCY}.")
         account_id = self._account_id(user_id)
@@ -294,23 +306,23 @@ class CoreBanking:
 
         Its own transaction, so a customer stays open even when the operation that opened it fails.
         """
-        for _ in range(_OPEN_CUSTOMER_TRIES):
+        for attempt in range(_OPEN_CUSTOMER_TRIES):
             with self._sessions.begin() as session:
                 found = session.scalar(select(Account.id).join(Customer).where(Customer.user_id == user_id))
             if found is not None:
                 return found
             try:
-                self._open_customer(user_id)
+                self._open_customer(user_id, attempt)
             except IntegrityError:
                 continue  # another thread opened this customer first, or the account number is taken
         raise BankingError("Your account could not be opened just now; please try again.")
 
-    def _open_customer(self, user_id: str) -> None:
+    def _open_customer(self, user_id: str, attempt: int) -> None:
         with self._sessions.begin() as session:
             customer = Customer(user_id=user_id, created_at=self._now())
             session.add(customer)
             session.flush()
-            account = Account(customer_id=customer.id, number=f"{secrets.randbelow(10**8):08d}", currency=CURRENCY, balance_cents=OPENING_BALANCE_CENTS)
+            account = Account(customer_id=customer.id, number=demo_account_number(user_id, attempt), currency=CURRENCY, balance_cents=OPENING_BALANCE_CENTS)
             session.add(account)
             session.flush()
             session.add_all([self._new_card(account.id, CardType.DEBIT, CardStatus.ACTIVE), self._new_card(account.id, CardType.CREDIT, CardStatus.ACTIVE)])
@@ -332,7 +344,9 @@ def _check_columns(engine: Engine) -> None:
             )
 
 
-def _cents(amount: Decimal) -> int:
+def _cents(amount: Decimal, currency: str) -> int:
+    if currency.upper() != CURRENCY:  # one currency, and no conversion: never a silent change of what was asked
+        raise BankingError(f"Northwind Bank moves money in {CURRENCY} only, not in {currency}.")
     if not amount.is_finite() or amount <= 0:
         raise BankingError("The amount must be more than zero.")
     cents = amount * 100

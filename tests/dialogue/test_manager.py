@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dialog import OUT_OF_SCOPE, DialogueManager, IllegalTransitionError, IntentClassifier
+from dialog.manager import NOT_A_NUMBER
 
 
 @pytest.fixture()
@@ -47,11 +48,11 @@ def test_no_at_confirmation_cancels(manager) -> None:
     assert cancelled.state["state"] == "IDLE" and cancelled.intent == OUT_OF_SCOPE
 
 
-def test_unclear_reply_mid_flow_reasks_the_question(manager) -> None:
+def test_unclear_reply_mid_flow_reasks_the_question_saying_an_amount_is_a_number(manager) -> None:
     asked = manager.handle(None, "I want to transfer money")
     again = manager.handle(asked.state, "hmm, let me think")
     assert again.state["state"] == "COLLECTING_SLOTS"
-    assert again.prompt == asked.prompt and again.intent == "transfer_money"
+    assert again.prompt == f"{NOT_A_NUMBER}\n\n{asked.prompt}" and again.intent == "transfer_money"
 
 
 def test_cacheable_intent_without_flow_acts_at_once(manager) -> None:

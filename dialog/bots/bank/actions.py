@@ -3,8 +3,9 @@
 Every action acts for the chatbot user asking (`context.user_id`), who is a customer of the
 demo bank from their first question on. What it returns is what `bank.yaml`'s response
 templates read as `{result.FIELD}`, amounts already written as a customer reads them
-("2,500.00"). A refusal (`BankingError`: not enough money, no card to activate) raises, and
-the flow gives its `error_response`. The balance is kept for 30 seconds; every action that
+("2,500.00"). The bank's refusals (`BankingError`: not enough money, no card to activate) are
+written for the customer, so each action passes them on as `ActionRefused`: the flow's
+`error_response` says why. The balance is kept for 30 seconds; every action that
 moves money drops it, so a balance shown after a transfer is never the one before it.
 
 This module is loaded from its file by `dialog.Actions.load`, not imported as part of a
@@ -13,11 +14,17 @@ package, hence the absolute import of the backend.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from decimal import Decimal
+from typing import ParamSpec, TypeVar
 
-from apps.bank import ARRIVAL_WORKING_DAYS, CoreBanking, database_url, format_money
-from dialog import ActionContext, action
+from apps.bank import ARRIVAL_WORKING_DAYS, BankingError, CoreBanking, database_url, format_money
+from dialog import ActionContext, ActionRefused, action
+
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
 
 _banks: dict[str, CoreBanking] = {}  # one backend, with its connection pool, per database URL
 _opening = threading.Lock()
@@ -32,6 +39,19 @@ def _bank() -> CoreBanking:
         return _banks[url]
 
 
+def refusals_said(function: Callable[Params, Result]) -> Callable[Params, Result]:
+    """`function` with the bank's refusals raised as `ActionRefused`, for the customer to read."""
+
+    @functools.wraps(function)
+    def acting(*args: Params.args, **kwargs: Params.kwargs) -> Result:
+        try:
+            return function(*args, **kwargs)
+        except BankingError as refusal:
+            raise ActionRefused(str(refusal)) from refusal
+
+    return acting
+
+
 @action("fetch_balance", cache_ttl_s=30)
 def fetch_balance(context: ActionContext) -> dict[str, str]:
     balance = _bank().balance(context.user_id)
@@ -39,9 +59,10 @@ def fetch_balance(context: ActionContext) -> dict[str, str]:
 
 
 @action("transfer_money", invalidates=["fetch_balance"])
-def transfer_money(amount: Decimal, to_account: str, context: ActionContext) -> dict[str, str]:
+@refusals_said
+def transfer_money(amount: Decimal, to_account: str, currency: str, context: ActionContext) -> dict[str, str]:
     # The turn's key: a retried turn gets the first attempt's receipt, and the money moves once.
-    receipt = _bank().transfer(context.user_id, amount, to_account, idempotency_key=context.idempotency_key)
+    receipt = _bank().transfer(context.user_id, amount, to_account, currency=currency, idempotency_key=context.idempotency_key)
     return {
         "reference": receipt.reference,
         "amount": format_money(receipt.amount_cents),
@@ -51,18 +72,21 @@ def transfer_money(amount: Decimal, to_account: str, context: ActionContext) -> 
 
 
 @action("block_card")
+@refusals_said
 def block_card(card_type: str, context: ActionContext) -> dict[str, str]:
     card = _bank().block_card(context.user_id, card_type)
     return {"card_type": card.card_type.value, "last4": card.last4}
 
 
 @action("top_up", invalidates=["fetch_balance"])
-def top_up(amount: Decimal, context: ActionContext) -> dict[str, str]:
-    receipt = _bank().top_up(context.user_id, amount, idempotency_key=context.idempotency_key)
+@refusals_said
+def top_up(amount: Decimal, currency: str, context: ActionContext) -> dict[str, str]:
+    receipt = _bank().top_up(context.user_id, amount, currency=currency, idempotency_key=context.idempotency_key)
     return {"reference": receipt.reference, "amount": format_money(receipt.amount_cents), "balance": format_money(receipt.balance_cents)}
 
 
 @action("cancel_transfer", invalidates=["fetch_balance"])
+@refusals_said
 def cancel_transfer(context: ActionContext) -> dict[str, str]:
     receipt = _bank().cancel_transfer(context.user_id, idempotency_key=context.idempotency_key)
     return {"reference": receipt.reference, "amount": format_money(receipt.amount_cents), "balance": format_money(receipt.balance_cents)}
@@ -75,6 +99,7 @@ def order_card(context: ActionContext) -> dict[str, str | int]:
 
 
 @action("activate_card")
+@refusals_said
 def activate_card(context: ActionContext) -> dict[str, str]:
     return {"last4": _bank().activate_card(context.user_id).last4}
 
