@@ -9,7 +9,12 @@ Domain prototypes are built model-free from the schema, not from labelled turns:
 service's description, intent and slot descriptions are embedded, and the services of one domain
 ("Hotels_1", "Hotels_4" -> "Hotels") are averaged. A held-out split has other services of the
 same kinds, and its own schema, so nothing here is fitted to dialogue ids. The labels are used
-only for scoring, never as a `domain_hint`.
+only for scoring (and, with `--fit`, for fitting), never as a `domain_hint`.
+
+One run scores the learned detector (the shipped model, or `--model FILE`), the hand-built rule
+it reads as one of its features, and the seed rule, on all the dialogues and on the learned
+model's training and held-out dialogues (`HELD_OUT_DOMAINS`). `--fit OUT` first fits a model
+(chatcache/evals/drift_fit.py) and writes it to OUT with what this run measured.
 """
 
 from __future__ import annotations
