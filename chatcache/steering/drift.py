@@ -24,6 +24,12 @@ detector is built for precision. It combines signals that each fail alone:
 - Evidence of a new domain: the turn is closer to another domain prototype than to the
   topic's, or the dialogue state machine's `domain_hint` changed. Novelty alone is not enough.
 
+These signals make the hand-built rule below (thresholds per stage, then the follow-up
+exceptions). By default a learned model decides instead (`DriftConfig.model`, drift_model.py):
+a logistic regression fitted on SGD's labelled task switches over the same signals and the
+rule's own verdict (`TurnReading.features`), so that how much each signal counts is measured
+rather than tuned by hand. Low-information and first turns never reach it.
+
 `SeedRule` keeps the original rule (cosine jumps on consecutive turns, or a drop against
 the sliding-window mean) as the baseline the combined detector is measured against.
 
