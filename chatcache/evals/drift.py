@@ -247,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--fit needs --schema and all the dialogues (the split is by domain)")
     started = time.perf_counter()
     dialogues = load_dialogues(args.data, args.part)
+    _progress(f"embedding the turns of {len(dialogues)} dialogues with the bundled MiniLM (most of the run)", started)
     prototypes = schema_prototypes(args.schema, _bundled_embed) if args.schema else None
     vectors = embed_dialogues(dialogues, _bundled_embed)
     _progress(f"embedded the {sum(len(d['turns']) for d in dialogues)} turns of {len(dialogues)} dialogues", started)
