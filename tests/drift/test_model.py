@@ -107,7 +107,7 @@ def test_the_threshold_favours_f1_among_the_precise_enough() -> None:
 
 
 def test_read_turns_labels_the_first_informative_turn_of_a_switch() -> None:
-    def user(text: str, service: str) -> dict:
+    def user(text: str, service: str) -> dict[str, object]:
         return {"speaker": "USER", "utterance": text, "frames": [{"service": service}]}
 
     system = {"speaker": "SYSTEM", "utterance": "Your room is booked. Anything else?", "frames": []}
