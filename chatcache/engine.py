@@ -246,7 +246,7 @@ class ChatEngine:
             log.info("Intents: read by the model trained on this bot's examples (%s; held-out accuracy %s)", self.trained_intents.info.key, measured.get("accuracy"))
         elif self.bot is not None:
             log.info("Intents: read by nearest examples; `chatcache train %s` trains a model on them (more accurate, calibrated)", bot_name)
-        self.coordinator = self._build_coordinator(drift, promote_threshold)
+        self.coordinator = self._build_coordinator(drift, promote_threshold, learned_drift=embedder == "bundled")
         self.answer_cache = (
             AnswerCache(
                 answer_cache if isinstance(answer_cache, AnswerCacheConfig) else AnswerCacheConfig(),
@@ -301,11 +301,15 @@ class ChatEngine:
             device=hf_model.device,
         )
 
-    def _build_coordinator(self, drift: bool | DriftConfig, promote_threshold: float) -> ContextCoordinator | None:
+    def _build_coordinator(
+        self, drift: bool | DriftConfig, promote_threshold: float, learned_drift: bool
+    ) -> ContextCoordinator | None:
         if not drift and self.bot is None:
             return None  # a plain chatbot: nothing to steer
         assert self._embed is not None
         config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
+        if config is not None and not learned_drift:
+            config = replace(config, model=None)  # the learned model reads the bundled embedder's vectors only
         return ContextCoordinator(
             self.conversations, self.turn_tier, self._embed, self.bot, config, promote_threshold, self.trained_intents
         )

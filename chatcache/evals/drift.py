@@ -9,22 +9,34 @@ Domain prototypes are built model-free from the schema, not from labelled turns:
 service's description, intent and slot descriptions are embedded, and the services of one domain
 ("Hotels_1", "Hotels_4" -> "Hotels") are averaged. A held-out split has other services of the
 same kinds, and its own schema, so nothing here is fitted to dialogue ids. The labels are used
-only for scoring, never as a `domain_hint`.
+only for scoring (and, with `--fit`, for fitting), never as a `domain_hint`.
+
+One run scores the learned detector (the shipped model, or `--model FILE`), the hand-built rule
+it reads as one of its features, and the seed rule, on all the dialogues and on the learned
+model's training and held-out dialogues (`HELD_OUT_DOMAINS`). `--fit OUT` first fits a model
+(chatcache/evals/drift_fit.py) and writes it to OUT with what this run measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..steering.drift_model import SHIPPED_MODEL
 from ..steering.drift import DriftConfig, DriftDetector, SeedRule, is_low_information, returns_to_dropped
 
 TOLERANCE = 2
+HELD_OUT_DOMAINS = frozenset({"Banks", "Homes", "Movies", "RideSharing"})
+"""The learned model never sees a dialogue that touches one of these domains: the dialogues it
+will meet come from other services, and these report how it does on them."""
 Embed = Callable[[list[str]], np.ndarray]
 
 
@@ -37,6 +49,11 @@ def load_dialogues(path: str | Path, part: str = "all") -> list[dict[str, Any]]:
     if part not in ("even", "odd"):
         raise ValueError(f"part must be all, even or odd, got {part!r}")
     return dialogues[part == "odd" :: 2]
+
+
+def domains(dialogue: dict[str, Any]) -> set[str]:
+    """The domains of the dialogue's services: the names without the number ("Hotels_4" -> "Hotels")."""
+    return {frame["service"].split("_")[0] for turn in dialogue["turns"] for frame in turn["frames"]}
 
 
 def label_switches(services: Sequence[set[str]]) -> list[int]:
@@ -79,6 +96,13 @@ def schema_prototypes(schema_path: str | Path, embed: Embed) -> dict[str, np.nda
     return prototypes
 
 
+def embed_dialogues(dialogues: Sequence[dict[str, Any]], embed: Embed) -> list[list[np.ndarray]]:
+    """Per dialogue, one unit vector per turn; each distinct text is embedded once."""
+    texts = list(dict.fromkeys(t["utterance"] for d in dialogues for t in d["turns"]))
+    found = dict(zip(texts, _unit(embed(texts)))) if texts else {}
+    return [[found[t["utterance"]] for t in d["turns"]] for d in dialogues]
+
+
 def evaluate_drift(
     data_path: str | Path,
     schema_path: str | Path | None = None,
@@ -86,44 +110,57 @@ def evaluate_drift(
     config: DriftConfig | None = None,
     part: str = "all",
 ) -> dict[str, Any]:
-    """Score the combined detector and the seed rule on labelled dialogues.
+    """Score the detector (learned by default), the hand-built rule and the seed rule on labelled dialogues.
 
     Args:
         data_path: dialogues as JSON Lines (the SGD slim format).
         schema_path: the services' schema, for domain prototypes; without it the detector
-            has no domain evidence and stays silent unless given hints.
+            has no domain evidence from prototypes.
         embed: texts -> embeddings; defaults to the bundled MiniLM on CPU.
-        config: detector thresholds.
+        config: the detector's model and thresholds.
         part: "all", or "even"/"odd" dialogues to keep tuning and reporting apart.
 
     Returns:
-        precision, recall, f1, mean_delay, switches, detections, and the same under "seed_rule";
-        "resets_undone": of the true and of the false detections, how many the next informative
-        user turn would undo as the engine does (`returns_to_dropped`: it goes back to the
-        dropped topic). The detector's own figures count every detection, undone or not.
+        See `score_dialogues`.
     """
     embed = embed or _bundled_embed
     dialogues = load_dialogues(data_path, part)
-    texts = [t["utterance"] for d in dialogues for t in d["turns"]]
-    vectors = iter(_unit(embed(texts)) if texts else [])
     prototypes = schema_prototypes(schema_path, embed) if schema_path else None
+    return score_dialogues(dialogues, embed_dialogues(dialogues, embed), prototypes, config)
+
+
+def score_dialogues(
+    dialogues: Sequence[dict[str, Any]],
+    vectors: Sequence[Sequence[np.ndarray]],
+    prototypes: dict[str, np.ndarray] | None,
+    config: DriftConfig | None = None,
+) -> dict[str, Any]:
+    """Score the detectors on dialogues whose turns are embedded (`vectors[n]`, one per turn).
+
+    Returns:
+        precision, recall, f1, mean_delay, switches, detections of `config`'s detector (the
+        learned model unless `config.model` is None); the same under "rules" (the hand-built
+        rule, `model=None`) and "seed_rule"; "splits": both detectors on the learned model's
+        training dialogues and on its held-out ones (those touching `HELD_OUT_DOMAINS`);
+        "resets_undone": of the true and of the false detections of `config`'s detector, how
+        many the next informative user turn would undo as the engine does (`returns_to_dropped`:
+        it goes back to the dropped topic). The figures count every detection, undone or not.
+    """
+    config = config or DriftConfig()
     detector = DriftDetector(config, prototypes)
+    rules = DriftDetector(replace(config, model=None), prototypes)
     margin, min_words = detector.config.return_margin, detector.config.open_task.min_content_words
     seed = SeedRule(config)
     undone = {"true": 0, "false": 0, "true_detections": 0, "false_detections": 0}
-    switches_seen = 0
-    detections = {"combined": 0, "seed_rule": 0}
-    delays: dict[str, list[int]] = {"combined": [], "seed_rule": []}
+    tallies: dict[str, list[tuple[int, int, list[int]]]] = {"detector": [], "rules": [], "seed_rule": []}
     for n, dialogue in enumerate(dialogues):
         sid = str(n)
         services: list[set[str]] = []
-        found: list[int] = []
-        seed_found: list[int] = []
+        found: dict[str, list[int]] = {name: [] for name in tallies}
         assistant, assistant_text = None, None
         user_vectors: list[np.ndarray] = []
         topic_start, pending, reverted = 0, None, set()  # pending: (the reset's turn, where its dropped topic began)
-        for turn in dialogue["turns"]:
-            vector = next(vectors)
+        for turn, vector in zip(dialogue["turns"], vectors[n]):
             if turn["speaker"] != "USER":
                 assistant, assistant_text = vector, turn["utterance"]
                 continue
@@ -136,29 +173,39 @@ def evaluate_drift(
                 pending = None
             user_vectors.append(vector)
             if detector.observe(sid, vector, turn["utterance"], assistant, assistant_text).drift:
-                found.append(i)
+                found["detector"].append(i)
                 pending, topic_start = (i, topic_start), i
+            if rules.observe(sid, vector, turn["utterance"], assistant, assistant_text).drift:
+                found["rules"].append(i)
             if seed.observe(sid, vector).drift:
-                seed_found.append(i)
+                found["seed_rule"].append(i)
         switches = label_switches(services)
-        switches_seen += len(switches)
-        true_hits = {detection for _, detection in matched_pairs(switches, found)}
-        for detection in found:
+        true_hits = {detection for _, detection in matched_pairs(switches, found["detector"])}
+        for detection in found["detector"]:
             kind = "true" if detection in true_hits else "false"
             undone[f"{kind}_detections"] += 1
             undone[kind] += detection in reverted
-        for key, hits in (("combined", found), ("seed_rule", seed_found)):
-            detections[key] += len(hits)
-            delays[key].extend(match_detections(switches, hits))
-        detector.reset(sid)
-        seed.reset(sid)
-    result = _metrics(switches_seen, detections["combined"], delays["combined"])
-    result["seed_rule"] = _metrics(switches_seen, detections["seed_rule"], delays["seed_rule"])
+        for name, hits in found.items():
+            tallies[name].append((len(switches), len(hits), match_detections(switches, hits)))
+        for judge in (detector, rules, seed):
+            judge.reset(sid)
+    held_out = [bool(domains(d) & HELD_OUT_DOMAINS) for d in dialogues]
+    result = _metrics(tallies["detector"])
+    result["rules"] = _metrics(tallies["rules"])
+    result["seed_rule"] = _metrics(tallies["seed_rule"])
+    result["splits"] = {
+        split: {name: _metrics(tallies[name], [h == (split == "held_out") for h in held_out]) for name in ("detector", "rules")}
+        for split in ("training", "held_out")
+    }
     result["resets_undone"] = undone
     return result
 
 
-def _metrics(switches: int, detections: int, delays: list[int]) -> dict[str, Any]:
+def _metrics(tallies: list[tuple[int, int, list[int]]], keep: list[bool] | None = None) -> dict[str, Any]:
+    """Precision, recall, F1 and delay over the dialogues' (switches, detections, delays), those `keep` marks."""
+    kept = [t for n, t in enumerate(tallies) if keep is None or keep[n]]
+    switches, detections = sum(t[0] for t in kept), sum(t[1] for t in kept)
+    delays = [d for t in kept for d in t[2]]
     precision = len(delays) / detections if detections else 0.0
     recall = len(delays) / switches if switches else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
@@ -186,21 +233,51 @@ def _bundled_embed(texts: list[str]) -> np.ndarray:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`chatcache eval drift`: print the metrics as one JSON object (or a short table)."""
+    """`chatcache eval drift`: print the metrics as one JSON object (or a short table); `--fit`
+    first fits a learned model on the data and writes it, with what it measured, to a file."""
     parser = argparse.ArgumentParser(prog="chatcache eval drift", description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="dialogues, JSON Lines")
     parser.add_argument("--schema", help="services schema JSON, for domain prototypes")
     parser.add_argument("--part", default="all", choices=["all", "even", "odd"])
+    parser.add_argument("--model", type=Path, default=SHIPPED_MODEL, help="the learned model's file (default: the shipped one)")
+    parser.add_argument("--fit", type=Path, metavar="OUT", help="fit a model on --data (held-out domains left out) into OUT, then score it")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    result = evaluate_drift(args.data, args.schema, part=args.part)
+    if args.fit and (args.schema is None or args.part != "all"):
+        parser.error("--fit needs --schema and all the dialogues (the split is by domain)")
+    started = time.perf_counter()
+    dialogues = load_dialogues(args.data, args.part)
+    _progress(f"embedding the turns of {len(dialogues)} dialogues with the bundled MiniLM (most of the run)", started)
+    prototypes = schema_prototypes(args.schema, _bundled_embed) if args.schema else None
+    vectors = embed_dialogues(dialogues, _bundled_embed)
+    _progress(f"embedded the {sum(len(d['turns']) for d in dialogues)} turns of {len(dialogues)} dialogues", started)
+    config = DriftConfig(model=args.model)
+    if args.fit:
+        from .drift_fit import fit_drift_model, provenance  # scikit-learn's fitting is loaded only to fit
+
+        model = fit_drift_model(dialogues, vectors, prototypes, provenance=provenance(args.data, args.schema))
+        model.save(args.fit)
+        config = DriftConfig(model=args.fit)
+    result = score_dialogues(dialogues, vectors, prototypes, config)
+    result["run_s"] = round(time.perf_counter() - started, 1)
+    _progress("scored", started)
+    if args.fit:
+        model.provenance["measured"] = result
+        model.save(args.fit)
     if args.json:
         print(json.dumps(result))
-    else:
-        for name, row in (("combined", result), ("seed_rule", result["seed_rule"])):
-            print(f"{name:10} P={row['precision']:.3f} R={row['recall']:.3f} F1={row['f1']:.3f} "
-                  f"delay={row['mean_delay']} switches={row['switches']} detections={row['detections']}")
+        return 0
+    rows = [("detector", result), ("rules", result["rules"]), ("seed_rule", result["seed_rule"])]
+    for split, scores in result["splits"].items():
+        rows += [(f"{name}, {split}", row) for name, row in scores.items()]
+    for name, row in rows:
+        print(f"{name:20} P={row['precision']:.3f} R={row['recall']:.3f} F1={row['f1']:.3f} "
+              f"delay={row['mean_delay']} switches={row['switches']} detections={row['detections']}")
     return 0
+
+
+def _progress(message: str, started: float) -> None:
+    print(f"[{time.perf_counter() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

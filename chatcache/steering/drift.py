@@ -24,6 +24,12 @@ detector is built for precision. It combines signals that each fail alone:
 - Evidence of a new domain: the turn is closer to another domain prototype than to the
   topic's, or the dialogue state machine's `domain_hint` changed. Novelty alone is not enough.
 
+These signals make the hand-built rule below (thresholds per stage, then the follow-up
+exceptions). By default a learned model decides instead (`DriftConfig.model`, drift_model.py):
+a logistic regression fitted on SGD's labelled task switches over the same signals and the
+rule's own verdict (`TurnReading.features`), so that how much each signal counts is measured
+rather than tuned by hand. Low-information and first turns never reach it.
+
 `SeedRule` keeps the original rule (cosine jumps on consecutive turns, or a drop against
 the sliding-window mean) as the baseline the combined detector is measured against.
 
@@ -38,10 +44,12 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import ConfigError
+from .drift_model import SHIPPED_MODEL, load_model
 
 # Words that carry no topic: acknowledgements, politeness, yes/no and function words.
 _FILLER = frozenset(
@@ -116,11 +124,17 @@ class StageThresholds:
 
 @dataclass
 class DriftConfig:
-    """Thresholds of the combined detector and of the seed rule.
+    """The learned model that decides drift, and the thresholds of the rule and the seed rule.
 
-    Tuned on the even dialogues of SGD dev and checked on the odd ones (bench/README.md).
+    The rule's thresholds were tuned on the even dialogues of SGD dev and checked on the odd
+    ones (bench/README.md). The rule's verdict is one of the learned model's features, read
+    with these thresholds: the shipped model was fitted with the defaults, so change them
+    together with a refit, or with `model=None`.
 
     Args:
+        model: the learned model's file (`chatcache eval drift --fit` writes one); None
+            decides by the hand-built rule alone. The shipped model reads the bundled
+            MiniLM's vectors: an engine with another embedder decides by the rule.
         open_task: thresholds while the assistant's last turn left the task open.
         closed_task: thresholds right after the assistant closed a task (reported success
             or asked whether there is anything else).
@@ -146,6 +160,7 @@ class DriftConfig:
     seed_consecutive: int = 2
     seed_window: int = 5
     seed_window_drop: float = 0.18
+    model: Path | None = SHIPPED_MODEL
 
     def __post_init__(self) -> None:
         for name in ("open_task", "closed_task"):
@@ -175,8 +190,11 @@ class DriftResult:
 
 def is_low_information(text: str, min_content_words: int) -> bool:
     """True for turns that carry no topic of their own: acks, yes/no, thanks, bare numbers."""
-    content = [w for w in _WORD.findall(text.lower()) if w not in _FILLER]
-    return len(content) < min_content_words
+    return _content_words(text) < min_content_words
+
+
+def _content_words(text: str) -> int:
+    return sum(w not in _FILLER for w in _WORD.findall(text.lower()))
 
 
 def opens_with_acknowledgement(text: str, min_content_words: int) -> bool:
@@ -232,17 +250,97 @@ class _Topic:
     last_hint: str | None = None
 
 
+FEATURES = (
+    "closed",
+    "invited",
+    "novelty",
+    "cos_last_user",
+    "cos_topic",
+    "cos_assistant",
+    "domain_margin",
+    "domain_similarity",
+    "domain_evidence",
+    "hint_changed",
+    "acknowledges",
+    "thanks",
+    "asks_about_result",
+    "content_words",
+    "question",
+    "topic_turns",
+    "rule_drift",
+    "closed_x_novelty",
+    "closed_x_domain_margin",
+)
+"""The learned model's inputs, in order: `TurnReading.features` computes them, the model file names them."""
+
+
+@dataclass(frozen=True)
+class TurnReading:
+    """What the detector reads from one informative user turn before deciding.
+
+    The rule's verdict and the signals behind it; the same values are the learned model's
+    features, so training and serving read a turn through this one computation.
+    """
+
+    embedding: np.ndarray
+    assistant_embedding: np.ndarray | None
+    closed: bool  # the assistant's last turn (or the caller) closed the task
+    invited: bool  # the assistant asked whether there is anything else
+    novelty: float  # 1 - the best similarity: how new the turn is against its context
+    similarities: tuple[float, float, float]  # to the last user turn, the topic centroid, the assistant's turn (0 if none)
+    domain_margin: float  # how much nearer the turn is to another domain than to the topic's (0 if none)
+    domain_similarity: float  # the turn's similarity to its nearest domain
+    hint_changed: bool
+    acknowledges: bool  # "Thanks, that works. Now ..."
+    follow_up: str | None  # `follows_up_done_task`'s reading of the text
+    content_words: int
+    question: bool
+    topic_turns: int  # informative user turns in the topic window
+    rule: DriftResult  # the hand-built rule's verdict
+
+    def features(self) -> np.ndarray:
+        """The values named by `FEATURES`. The interactions let a linear model weigh novelty and
+        domain evidence differently once a task is closed, as the rule's two stages do."""
+        closed = float(self.closed)
+        return np.array(
+            [
+                closed,
+                float(self.invited),
+                self.novelty,
+                *self.similarities,
+                self.domain_margin,
+                self.domain_similarity,
+                float(any(r.startswith("domain:") for r in self.rule.reasons)),
+                float(self.hint_changed),
+                float(self.acknowledges),
+                float(self.follow_up == "thanks_done_task"),
+                float(self.follow_up == "asks_about_result"),
+                float(min(self.content_words, 10)),
+                float(self.question),
+                float(self.topic_turns),
+                float(self.rule.drift),
+                closed * self.novelty,
+                closed * self.domain_margin,
+            ],
+            dtype=np.float64,
+        )
+
+
 class DriftDetector:
     """Per-session drift detection from user-turn embeddings and optional external signals.
 
+    A turn is read (`read`), decided by the learned model when the config names one and by the
+    hand-built rule otherwise, and the verdict folded into the topic (`record`).
+
     Args:
-        config: thresholds.
+        config: thresholds, and the learned model's file (`DriftConfig.model`).
         prototypes: domain name -> unit vector; without them only `domain_hint` can supply
-            the domain evidence a drift needs.
+            the domain evidence the rule needs.
     """
 
     def __init__(self, config: DriftConfig | None = None, prototypes: dict[str, np.ndarray] | None = None) -> None:
         self.config = config or DriftConfig()
+        self.model = load_model(self.config.model) if self.config.model is not None else None
         self._names = list(prototypes or {})
         self._protos = np.stack([prototypes[n] for n in self._names]) if prototypes else None
         self._topics: dict[str, _Topic] = {}
@@ -271,6 +369,32 @@ class DriftDetector:
         Returns:
             Whether the turn starts a new topic, its novelty score and the reasons.
         """
+        reading = self.read(session_id, user_embedding, text, assistant_embedding, assistant_text, task_closed, domain_hint)
+        if isinstance(reading, DriftResult):
+            return reading
+        result = reading.rule
+        if self.model is not None:
+            probability = self.model.probability(reading.features())
+            result = DriftResult(probability >= self.model.threshold, result.score, [f"p:{probability:.2f}", *result.reasons])
+        self.record(session_id, reading, result.drift)
+        return result
+
+    def read(
+        self,
+        session_id: str,
+        user_embedding: np.ndarray,
+        text: str,
+        assistant_embedding: np.ndarray | None = None,
+        assistant_text: str | None = None,
+        task_closed: bool = False,
+        domain_hint: str | None = None,
+    ) -> TurnReading | DriftResult:
+        """Read one user turn against the session's topic (arguments as for `observe`).
+
+        A low-information turn and a session's first turn are settled here, without a model:
+        the result is their `DriftResult` (a first turn starts the topic). Otherwise the turn's
+        `TurnReading`, whose verdict the caller passes to `record`.
+        """
         topic = self._topics.setdefault(session_id, _Topic(deque(maxlen=self.config.topic_window)))
         hint_changed = domain_hint is not None and topic.last_hint not in (None, domain_hint)
         if domain_hint is not None:
@@ -284,39 +408,59 @@ class DriftDetector:
             return DriftResult(False, 0.0, ["first_turn"])
 
         centroid = np.mean(topic.window, axis=0)
-        references = [topic.last_user, centroid]
-        if assistant_embedding is not None:
-            references.append(assistant_embedding)
-        elif topic.last_assistant is not None:
-            references.append(topic.last_assistant)
-        novelty = 1.0 - max(_cos(user_embedding, r) for r in references)
+        assistant = assistant_embedding if assistant_embedding is not None else topic.last_assistant
+        references = [topic.last_user, centroid] + ([assistant] if assistant is not None else [])
+        similarities = [_cos(user_embedding, r) for r in references]
+        novelty = 1.0 - max(similarities)
+        domains, margin, similarity = self._domains(user_embedding, centroid)
 
         evidence = []
-        shift = self._domain_shift(user_embedding, centroid, stage.domain_margin)
-        if shift is not None:
-            evidence.append(f"domain:{shift[0]}->{shift[1]}")
+        if domains is not None and similarity >= self.config.min_domain_similarity and margin >= stage.domain_margin:
+            evidence.append(f"domain:{domains[0]}->{domains[1]}")
         if hint_changed:
             evidence.append(f"hint:{domain_hint}")
         drift = novelty > stage.novelty and bool(evidence)
+        acknowledges = opens_with_acknowledgement(text, self.config.open_task.min_content_words)
+        invited = assistant_text is not None and asks_for_more(assistant_text)
+        follow_up = follows_up_done_task(text)
         # Mid-task, "Great, thanks. Can you also get me a cab there?" still answers the open
         # task and often points into it ("there"): keep its history.
-        if drift and not closed and opens_with_acknowledgement(text, self.config.open_task.min_content_words):
+        if drift and not closed and acknowledges:
             drift, evidence = False, [*evidence, "answers_open_task"]
         # Right after "Your cab is on its way." (no "Anything else?" yet), the user is still
         # finishing that task: thanking for it or asking about it, often with a new request.
-        if drift and closed and not (assistant_text and asks_for_more(assistant_text)):
-            follow_up = follows_up_done_task(text)
-            if follow_up is not None:
-                drift, evidence = False, [*evidence, follow_up]
-        if drift:
-            self._start_topic(topic, user_embedding)
-        else:
-            topic.window.append(user_embedding)
-            topic.last_user = user_embedding
-        if assistant_embedding is not None:
-            topic.last_assistant = assistant_embedding
+        if drift and closed and not invited and follow_up is not None:
+            drift, evidence = False, [*evidence, follow_up]
         stage_name = "closed_task" if closed else "open_task"
-        return DriftResult(drift, float(novelty), [f"novelty:{novelty:.2f}", stage_name, *evidence])
+        rule = DriftResult(drift, float(novelty), [f"novelty:{novelty:.2f}", stage_name, *evidence])
+        return TurnReading(
+            embedding=user_embedding,
+            assistant_embedding=assistant_embedding,
+            closed=closed,
+            invited=invited,
+            novelty=novelty,
+            similarities=(similarities[0], similarities[1], similarities[2] if assistant is not None else 0.0),
+            domain_margin=margin,
+            domain_similarity=similarity,
+            hint_changed=hint_changed,
+            acknowledges=acknowledges,
+            follow_up=follow_up,
+            content_words=_content_words(text),
+            question=text.rstrip().endswith("?"),
+            topic_turns=len(topic.window),
+            rule=rule,
+        )
+
+    def record(self, session_id: str, reading: TurnReading, drift: bool) -> None:
+        """Fold a read turn into the session's topic: a drift starts a new topic with it."""
+        topic = self._topics[session_id]
+        if drift:
+            self._start_topic(topic, reading.embedding)
+        else:
+            topic.window.append(reading.embedding)
+            topic.last_user = reading.embedding
+        if reading.assistant_embedding is not None:
+            topic.last_assistant = reading.assistant_embedding
 
     def knows(self, session_id: str) -> bool:
         """Whether this detector has seen the session (in this process)."""
@@ -345,19 +489,18 @@ class DriftDetector:
         """Forget a session's topic (after it ends, or when the user asks to start over)."""
         self._topics.pop(session_id, None)
 
-    def _domain_shift(self, embedding: np.ndarray, centroid: np.ndarray, margin: float) -> tuple[str, str] | None:
-        """(topic domain, new domain) when the turn is clearly closer to another prototype."""
+    def _domains(self, embedding: np.ndarray, centroid: np.ndarray) -> tuple[tuple[str, str] | None, float, float]:
+        """(topic domain, the turn's nearest domain) when they differ, how much nearer the turn is
+        to its own than to the topic's, and its similarity to its own; (None, 0, 0) without prototypes."""
         if self._protos is None:
-            return None
+            return None, 0.0, 0.0
         sims = self._protos @ embedding
         best = int(np.argmax(sims))
         # The topic's domain comes from the centroid, so one odd turn cannot relabel it.
         current = int(np.argmax(self._protos @ centroid))
-        if best == current or sims[best] < self.config.min_domain_similarity:
-            return None
-        if sims[best] - sims[current] < margin:
-            return None
-        return self._names[current], self._names[best]
+        if best == current:
+            return None, 0.0, float(sims[best])
+        return (self._names[current], self._names[best]), float(sims[best] - sims[current]), float(sims[best])
 
     @staticmethod
     def _start_topic(topic: _Topic, embedding: np.ndarray) -> None:

@@ -1,4 +1,5 @@
-"""The drift detector on the real bundled MiniLM: a new request after a closed task drifts, mid-task talk does not."""
+"""The learned drift detector and the hand-built rule on the real bundled MiniLM: a new request
+after a closed task drifts, mid-task talk and low-information turns do not."""
 
 from __future__ import annotations
 
@@ -51,9 +52,13 @@ def prototypes(embed, tmp_path_factory):  # type: ignore[no-untyped-def]
     return schema_prototypes(path, embed)
 
 
-def replay(embed, prototypes, turns: list[tuple[str, str]]) -> list[bool]:  # type: ignore[no-untyped-def]
+LEARNED, RULES = DriftConfig(), DriftConfig(model=None)
+BOTH = pytest.mark.parametrize("config", [LEARNED, RULES], ids=["learned", "rules"])
+
+
+def replay(embed, prototypes, turns: list[tuple[str, str]], config: DriftConfig = LEARNED) -> list[bool]:  # type: ignore[no-untyped-def]
     """(assistant's last turn, user turn) pairs through one detector: drift per user turn."""
-    detector = DriftDetector(DriftConfig(), prototypes)
+    detector = DriftDetector(config, prototypes)
     verdicts = []
     for assistant, user in turns:
         vectors = embed([user, assistant]) if assistant else embed([user])
@@ -68,28 +73,51 @@ def replay(embed, prototypes, turns: list[tuple[str, str]]) -> list[bool]:  # ty
     return verdicts
 
 
-def test_a_new_request_after_a_closed_task_drifts(embed, prototypes) -> None:  # type: ignore[no-untyped-def]
+@BOTH
+def test_a_new_request_after_a_closed_task_drifts(embed, prototypes, config) -> None:  # type: ignore[no-untyped-def]
     turns = [
         ("", "I need a hotel room in Paris for three nights."),
         ("I found 5 hotels. How about Hotel Lutetia, rated 4 stars?", "Is it close to the city centre?"),
         ("Yes, it is in the 6th arrondissement.", "Great, book it please."),
         ("Your room is booked. Is there anything else I can help you with?", "I also need a rental car at the airport."),
     ]
-    assert replay(embed, prototypes, turns) == [False, False, False, True]
+    assert replay(embed, prototypes, turns, config) == [False, False, False, True]
 
 
-def test_a_new_request_while_a_task_is_open_keeps_the_history(embed, prototypes) -> None:  # type: ignore[no-untyped-def]
+@BOTH
+def test_a_new_request_while_a_task_is_open_keeps_the_history(embed, prototypes, config) -> None:  # type: ignore[no-untyped-def]
     turns = [
         ("", "I need a hotel room in Paris for three nights."),
         ("I found 5 hotels. How about Hotel Lutetia, rated 4 stars?", "Are there any good Italian restaurants nearby?"),
         ("There are several. Shall I book Hotel Lutetia?", "That sounds good. Can you also find me a rental car there?"),
     ]
-    assert replay(embed, prototypes, turns) == [False, False, False]
+    assert replay(embed, prototypes, turns, config) == [False, False, False]
 
 
-def test_after_a_closed_task_a_short_request_is_enough(embed, prototypes) -> None:  # type: ignore[no-untyped-def]
+def test_after_a_closed_task_a_short_request_is_enough_for_the_rule(embed, prototypes) -> None:  # type: ignore[no-untyped-def]
+    """The learned model reads "Restaurants, please." as less likely a switch than a full request
+    (few content words, a one-turn topic: rare among SGD's switches) and, as fitted, keeps the history."""
     turns = [
         ("", "I need a hotel room in Paris for three nights."),
         ("Your room is booked. Anything else?", "Restaurants, please."),
     ]
-    assert replay(embed, prototypes, turns) == [False, True]
+    assert replay(embed, prototypes, turns, RULES) == [False, True]
+
+
+@BOTH
+def test_low_information_turns_never_drift(embed, prototypes, config) -> None:  # type: ignore[no-untyped-def]
+    turns = [
+        ("", "I need a hotel room in Paris for three nights."),
+        ("Your room is booked. Is there anything else I can help you with?", "No, thank you, that's all."),
+        ("Have a nice day.", "Thanks!"),
+    ]
+    assert replay(embed, prototypes, turns, config) == [False, False, False]
+
+
+@BOTH
+def test_a_question_about_the_booked_result_keeps_the_history(embed, prototypes, config) -> None:  # type: ignore[no-untyped-def]
+    turns = [
+        ("", "I need a hotel room in Paris for three nights."),
+        ("Your room at Hotel Lutetia is booked.", "What is the address of the hotel?"),
+    ]
+    assert replay(embed, prototypes, turns, config) == [False, False]

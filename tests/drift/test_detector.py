@@ -1,4 +1,4 @@
-"""DriftDetector and SeedRule on tiny handmade vectors: no model is loaded."""
+"""The hand-built rule (`DriftConfig(model=None)`) and SeedRule on tiny handmade vectors: no model is loaded."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ HOTEL_2 = unit(0.95, 0.05, 0, 0.05)
 CAR = unit(0, 1, 0, 0)
 WEATHER = unit(0, 0, 1, 0)
 PROTOTYPES = {"Hotels": HOTEL, "RentalCars": CAR, "Weather": WEATHER}
+RULES = DriftConfig(model=None)
 
 
 def start_hotel_topic(detector: DriftDetector, sid: str = "s") -> None:
@@ -56,7 +57,7 @@ def test_seed_rule_window_drop_fires_on_a_turn_far_from_the_window() -> None:
 
 @pytest.mark.parametrize("assistant_text", ["Which date would you like?", "Your room is booked. Anything else?"])
 def test_low_information_turns_never_fire(assistant_text: str) -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     for text in ("Thanks!", "7 pm", "No, that's all, thank you.", "Sounds good to me."):
         result = detector.observe("s", CAR, text, assistant_text=assistant_text, domain_hint="RentalCars")
@@ -67,7 +68,7 @@ def test_low_information_turns_never_fire(assistant_text: str) -> None:
 def test_one_content_word_is_low_information_only_while_the_task_is_open() -> None:
     assert is_low_information("Yes, book it.", 2)
     assert not is_low_information("I need a hotel.", 1)
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     assert detector.observe("s", CAR, "A car.", assistant_text="Which room type?").reasons == ["low_information"]
     assert detector.observe("s", CAR, "A car.", assistant_text="Your room is booked.").drift
@@ -75,7 +76,7 @@ def test_one_content_word_is_low_information_only_while_the_task_is_open() -> No
 
 
 def test_domain_hint_change_with_distance_fires() -> None:
-    detector = DriftDetector(DriftConfig())  # no prototypes: the hint is the only evidence
+    detector = DriftDetector(RULES)  # no prototypes: the hint is the only evidence
     start_hotel_topic(detector)
     result = detector.observe("s", CAR, "I also need a rental car there", domain_hint="RentalCars")
     assert result.drift
@@ -83,7 +84,7 @@ def test_domain_hint_change_with_distance_fires() -> None:
 
 
 def test_distance_without_domain_evidence_does_not_fire() -> None:
-    detector = DriftDetector(DriftConfig())
+    detector = DriftDetector(RULES)
     start_hotel_topic(detector)
     result = detector.observe("s", CAR, "I also need a rental car there", domain_hint="Hotels")
     assert not result.drift
@@ -91,13 +92,13 @@ def test_distance_without_domain_evidence_does_not_fire() -> None:
 
 
 def test_hint_change_without_distance_does_not_fire() -> None:
-    detector = DriftDetector(DriftConfig())
+    detector = DriftDetector(RULES)
     start_hotel_topic(detector)
     assert not detector.observe("s", HOTEL, "Reserve that hotel for two nights", domain_hint="Reserve").drift
 
 
 def test_prototype_domain_change_fires_and_starts_a_new_topic() -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     result = detector.observe("s", CAR, "I also need a rental car there")
     assert result.drift
@@ -112,13 +113,13 @@ CAR_ISH = unit(0.55, 0.8, 0, 0)
 
 
 def test_a_closed_task_lowers_the_bar_an_open_one_raises_it() -> None:
-    open_task = DriftDetector(DriftConfig(), PROTOTYPES)
+    open_task = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(open_task)
     result = open_task.observe("s", CAR_ISH, "What about a car rental in Paris", assistant_text="Shall I book it?")
     assert not result.drift
     assert "open_task" in result.reasons and "domain:Hotels->RentalCars" not in result.reasons
 
-    closed = DriftDetector(DriftConfig(), PROTOTYPES)
+    closed = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(closed)
     result = closed.observe("s", CAR_ISH, "What about a car rental in Paris", assistant_text="Your room is booked.")
     assert result.drift
@@ -126,7 +127,7 @@ def test_a_closed_task_lowers_the_bar_an_open_one_raises_it() -> None:
 
 
 def test_the_caller_can_say_the_task_is_closed() -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     result = detector.observe("s", CAR_ISH, "What about a car rental in Paris", task_closed=True)
     assert result.drift and "closed_task" in result.reasons
@@ -191,30 +192,30 @@ def test_follows_up_done_task(text: str, reason: str | None) -> None:
 
 def test_thanks_for_a_reported_task_keeps_its_history_until_the_assistant_asks_for_more() -> None:
     text = "Thanks! Can you get me a rental car there?"
-    reported = DriftDetector(DriftConfig(), PROTOTYPES)
+    reported = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(reported)
     result = reported.observe("s", CAR, text, assistant_text="Your room is booked.")
     assert not result.drift
     assert "closed_task" in result.reasons and "thanks_done_task" in result.reasons
     # "Anything else?" means the user's previous turn closed the task: the request is new.
-    invited = DriftDetector(DriftConfig(), PROTOTYPES)
+    invited = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(invited)
     assert invited.observe("s", CAR, text, assistant_text="Your room is booked. Anything else?").drift
 
 
 def test_a_question_about_a_reported_task_keeps_its_history() -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     result = detector.observe("s", CAR, "How much is the parking fee?", assistant_text="Your room is booked.")
     assert not result.drift and "asks_about_result" in result.reasons
     # A question that asks for something new is a new request.
-    fresh = DriftDetector(DriftConfig(), PROTOTYPES)
+    fresh = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(fresh)
     assert fresh.observe("s", CAR, "Can you find me a rental car?", assistant_text="Your room is booked.").drift
 
 
 def test_assistant_turn_counts_as_context() -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     # The assistant offered a car: a user turn about cars continues that thread.
     result = detector.observe("s", CAR, "Yes, a rental car would help", assistant_embedding=CAR)
@@ -223,7 +224,7 @@ def test_assistant_turn_counts_as_context() -> None:
 
 
 def test_reset_clears_state() -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     detector.reset("s")
     result = detector.observe("s", CAR, "I need a rental car in Fresno", domain_hint="RentalCars")
@@ -237,7 +238,7 @@ def test_reset_clears_state() -> None:
 
 
 def test_sessions_are_independent() -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector, "a")
     assert detector.observe("b", CAR, "I need a rental car in Fresno").reasons == ["first_turn"]
 
@@ -274,14 +275,14 @@ def test_stage_thresholds_reject_bad_values(kwargs: dict[str, float]) -> None:
 
 
 def test_acknowledging_an_open_task_keeps_its_history() -> None:
-    detector = DriftDetector(DriftConfig(), PROTOTYPES)
+    detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
     text = "Great, thanks. Can you also get me a rental car there?"
     result = detector.observe("s", CAR, text, assistant_text="How about the Ritz, 4 stars?")
     assert not result.drift
     assert "answers_open_task" in result.reasons
     # Once the assistant closed the task, the same turn starts a new topic.
-    closed = DriftDetector(DriftConfig(), PROTOTYPES)
+    closed = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(closed)
     assert closed.observe("s", CAR, text, assistant_text="Your room is booked. Anything else?").drift
 
@@ -294,7 +295,7 @@ def test_resume_rebuilds_the_topic_from_stored_turns() -> None:
         embedded.append(texts)
         return np.stack([vectors[t] for t in texts])
 
-    detector = DriftDetector(DriftConfig(topic_window=1), PROTOTYPES)
+    detector = DriftDetector(DriftConfig(topic_window=1, model=None), PROTOTYPES)
     assert not detector.knows("s")
     detector.resume("s", list(vectors), embed, domain_hint="Hotels")
     assert detector.knows("s")
@@ -302,7 +303,7 @@ def test_resume_rebuilds_the_topic_from_stored_turns() -> None:
     result = detector.observe("s", CAR, "I also need a rental car there", assistant_text="Your room is booked.")
     assert result.drift and "domain:Hotels->RentalCars" in result.reasons
 
-    fresh = DriftDetector(DriftConfig(), PROTOTYPES)
+    fresh = DriftDetector(RULES, PROTOTYPES)
     fresh.resume("s", [], embed)  # a session with no stored turns starts its topic with the next one
     assert fresh.observe("s", CAR, "I need a rental car in Fresno").reasons == ["first_turn"]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from chatcache import TokenTierConfig
+from chatcache.steering.drift_model import SHIPPED_MODEL, load_model
 from chatcache.tiers.conversations import DIALOGUE
 from storage import SessionStore, StaleVersionError
 
@@ -199,6 +200,14 @@ def test_a_new_process_judges_drift_against_the_stored_topic(bank) -> None:  # t
     switched = restarted.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6)
     assert switched.stats.drift  # not taken for the conversation's first turn
     assert restarted.conversations.open("s", create=False).context_start == 2
+
+
+@pytest.mark.bundled
+def test_drift_is_decided_by_the_learned_model_with_the_bundled_embedder_only(bank, make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The shipped model reads the bundled MiniLM's similarities: with another embedder the rule decides."""
+    assert bank(drift=True).coordinator.drift.model is None
+    engine = make_engine(tiny_model, drift=True, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv-bundled"))
+    assert engine.coordinator.drift.model is load_model(SHIPPED_MODEL)
 
 
 def test_upkeep_drops_expired_turn_tier_entries_of_live_sessions(bank) -> None:  # type: ignore[no-untyped-def]
