@@ -3,10 +3,12 @@
 "What's their phone number?" after "find me a table for two in San Jose" is still about the
 restaurant, though it names none. `dialog.read_in_context` re-reads a message that is unclear
 alone after the previous one; this evaluation measures what that buys on SGD dialogues, whose
-user turns carry the active intent of each service.
+user turns carry the active intent of each service. One dialogue a line, as in
+`../shared/data/sgd/dev_dialogues.jsonl` (other fields are ignored):
+`{"turns": [{"speaker": "USER", "utterance": "...", "frames": [{"active_intent": "FindRestaurants"}]}, ...]}`.
 
-Labels are SGD intent names (`FindRestaurants`), not service-qualified ones: Restaurants_1 and
-Restaurants_2 are two versions of one task, which a user's words cannot tell apart.
+Labels are SGD intent names (`SearchHotel`), not service-qualified ones: Hotels_1's and
+Hotels_4's `SearchHotel` are two versions of one task, which a user's words cannot tell apart.
 
 The dialogues are split in two by position in the file (even ones teach, odd ones test), not
 by service: the classifier can only give an intent it has examples of, and most intents belong
@@ -141,7 +143,7 @@ def read_dialogues(path: Path) -> list[list[UserTurn]]:
         except ValidationError as exc:
             error = exc.errors()[0]
             where = ".".join(map(str, error["loc"])) or "the line"
-            raise IntentDataError(f"{path}: line {number}: {where}: {error['msg']} (an SGD dialogue record, see the module's help)") from None
+            raise IntentDataError(f"{path}: line {number}: {where}: {error['msg']} (an SGD dialogue record: `chatcache eval followups --help`)") from None
         turns, previous = [], OUT_OF_SCOPE
         for turn in record.turns:
             if turn.speaker == "USER":
@@ -156,9 +158,10 @@ def training_examples(dialogues: Iterable[Sequence[UserTurn]], per_intent: int =
     by_intent: dict[str, list[str]] = {}
     for dialogue in dialogues:
         for before, turn in with_previous(dialogue):
-            texts = by_intent.setdefault(turn.intent, []) if _kind(before, turn) == "start" else None
-            if texts is not None and len(texts) < per_intent:
-                texts.append(turn.text)
+            if _kind(before, turn) == "start":
+                texts = by_intent.setdefault(turn.intent, [])
+                if len(texts) < per_intent:
+                    texts.append(turn.text)
     return by_intent
 
 
@@ -235,7 +238,7 @@ def _intent(frames: list[_Frame], previous: str) -> str:
 
 
 def _kind(before: UserTurn | None, turn: UserTurn) -> str | None:
-    """"follow_up", "start", or None for a turn with no intent."""
+    """The row a turn makes: "follow_up", "start", or None (a turn with no intent is no row)."""
     if turn.intent == OUT_OF_SCOPE:
         return None
     return "follow_up" if before is not None and before.intent == turn.intent else "start"
