@@ -37,8 +37,9 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "examples": sum(map(len, examples.values())),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    print(json.dumps(summary) if args.json else _table(summary))
+    print(json.dumps(summary) if args.json else _table(report, summary))
     return 0
 
 
@@ -276,20 +277,21 @@ def _remembering(embed: Embed, texts: list[str]) -> Embed:
     return lookup
 
 
-def _table(summary: dict[str, object]) -> str:
-    def show(value: object) -> str:
-        return f"{value:.3f}" if isinstance(value, float) else "-"
+def _table(report: FollowUpReport, summary: dict[str, Any]) -> str:
+    def show(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
 
-    readings: dict[str, dict[str, float | None]] = summary["readings"]  # type: ignore[assignment]
-    columns = list(Reading.__dataclass_fields__)
-    lines = [
-        f"dialogues    {summary['dialogues']}; {summary['intents']} intents, {summary['examples']} examples",
-        f"test rows    {summary['follow_ups']} follow-ups, {summary['starts']} starts ({summary['unknown_intent_rows']} of unknown intents left out)",
-        f"{'reading':10} " + " ".join(f"{column:>23}" for column in columns),
-        *(f"{name:10} " + " ".join(f"{show(readings[name][column]):>23}" for column in columns) for name in READINGS),
-        f"seconds      {summary['seconds']}",
-    ]
-    return "\n".join(lines)
+    columns = [field.name for field in fields(Reading)]
+    dialogues = summary["dialogues"]
+    return "\n".join(
+        [
+            f"dialogues    {dialogues['teaching']} teaching, {dialogues['testing']} testing; {summary['intents']} intents, {summary['examples']} examples",
+            f"test rows    {report.follow_ups} follow-ups, {report.starts} starts ({report.unknown_intent_rows} of intents never taught, left out)",
+            f"{'reading':10} " + " ".join(f"{column:>23}" for column in columns),
+            *(f"{name:10} " + " ".join(f"{show(getattr(reading, column)):>23}" for column in columns) for name, reading in report.readings.items()),
+            f"seconds      {summary['seconds']}",
+        ]
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
