@@ -92,12 +92,14 @@ def _evaluation(name: str) -> Callable[[list[str]], int]:
         from .evals.context import main as run
     elif name == "tools":
         from .evals.tools import main as run
+    elif name == "followups":
+        from .evals.followups import main as run
     else:
         from .evals.answer_cache_pairs import main_pairs as run
     return run
 
 
-EVALUATIONS = ("drift", "answer-cache", "pairs", "intents", "polarity", "context", "tools")
+EVALUATIONS = ("drift", "answer-cache", "pairs", "intents", "polarity", "context", "tools", "followups")
 LISTED_INTENTS = 8  # `chatcache bots` names a bot's first intents, then counts the rest
 
 
