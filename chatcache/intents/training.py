@@ -129,7 +129,7 @@ def train_intent_model(
             per_device_train_batch_size=settings.batch_size,
             learning_rate=settings.body_learning_rate,
             learning_rate_mapping={r"^classifier\.": settings.head_learning_rate},
-            warmup_ratio=0.1,
+            warmup_steps=0.1,  # a share of the steps, as transformers 5 reads a float
             seed=settings.seed,
             save_strategy="no",
             report_to="none",
