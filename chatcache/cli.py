@@ -154,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", help="start a new bot: its YAML, actions module, conversation tests and README")
     init.add_argument("name", help="the bot's name, also its directory's")
     init.add_argument("--dir", type=Path, default=Path("."), help="where its directory goes (default: here)")
-    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs, intents, polarity, context, tools")
+    evaluate = commands.add_parser("eval", help="evaluations on labelled data: drift, answer-cache, pairs, intents, followups, polarity, context, tools")
     evaluate.add_argument("evaluation", choices=sorted(EVALUATIONS), help="see `chatcache eval NAME --help`")
     return parser
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -147,26 +148,42 @@ def bot_test_rows(bot: BotDefinition, rows: list[Row], source: Path) -> list[Row
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`chatcache eval intents`: 0 with the metrics printed, 2 for input that cannot be used."""
-    args = _parser().parse_args(argv)
-    started = time.perf_counter()
+    args = parse_arguments(argv)
     try:
-        bot, rows = _bot_and_rows(args)
-        bot = bot.model_copy(update={"classifier": _settings(bot.classifier, args)})
-        embed = _embedder(args.embedder)
+        report = evaluate(args)
     except (IntentDataError, BotDefinitionError, FileNotFoundError, ModelNotFoundError) as error:
         print(f"chatcache eval intents: {error}", file=sys.stderr)
         return 2
+    print(json.dumps(report) if args.json else _table(report))
+    return 0
+
+
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options of `chatcache eval intents` (what `bench.trained_intents` passes too)."""
+    return _parser().parse_args(argv)
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure the reader the options name on the rows they name; the report `main` prints.
+
+    Raises:
+        IntentDataError, BotDefinitionError, FileNotFoundError, ModelNotFoundError: input that cannot be used.
+    """
+    started = time.perf_counter()
+    bot, rows = _bot_and_rows(args)
+    bot = bot.model_copy(update={"classifier": _settings(bot.classifier, args)})
     rows = rows if args.part == "all" else rows[args.part == "odd" :: 2]
     if args.trained:
         model = _trained_model(bot)
         results = model.classify_many([text for text, _ in rows])
         reader: dict[str, object] = {"trained": model.info.key, "settings": bot.training.model_dump(), "training": model.info.measured}
     else:
+        embed = _embedder(args.embedder)
         classifier = IntentClassifier(bot, in_batches(embed, "examples"))
         results = classify_rows(classifier, rows, in_batches(embed, "test rows"))
         reader = {"nearest_examples": bot.classifier.model_dump()}
     metrics = measure(rows, results, args.promote)
-    report = {
+    report: dict[str, Any] = {
         **asdict(metrics),
         "promote_threshold": args.promote,
         "intents": len(bot.intents),
@@ -178,8 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.plot is not None:
         plot_reliability(report["reliability"], args.plot, f"{report['n']} rows, accuracy {metrics.accuracy}")
-    print(json.dumps(report) if args.json else _table(report))
-    return 0
+    return report
 
 
 def reliability(rows: Sequence[Row], results: Sequence[IntentResult], bins: int = 10) -> list[dict[str, float | int]]:
