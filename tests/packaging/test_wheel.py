@@ -1,5 +1,5 @@
 """The wheel stands alone: built from this checkout, installed into a fresh virtualenv in a
-temporary directory, it runs the shipped bank bot's conversation tests and answers a customer,
+temporary directory, it trains the shipped bank bot's intent model, runs its conversation tests and answers a customer,
 from a working directory outside the repository, with nothing of the checkout in reach.
 
 The new virtualenv gets the wheel and only the wheel (`--no-deps`); its third-party
@@ -59,9 +59,11 @@ def test_the_installed_wheel_runs_the_bank_bot_outside_the_checkout(installed: t
     home, env = installed
     where = run(["python", "-c", "import chatcache, dialog, apps; print(chatcache.__file__, dialog.__file__, apps.__file__)"], home, env)
     assert all(str(REPO) not in path and "/venv/" in path for path in where.split()), where
-    # `chatcache train bank` goes here once the trained intent model lands (issue 40, section 1).
+    assert "Trained:" in run(["chatcache", "train", "bank"], home, env)  # from the examples the wheel ships
     stories = json.loads(run(["chatcache", "test-bot", "bank", "--json"], home, env))
     assert stories["total"] >= 30 and stories["passed"] == stories["total"], [s for s in stories["stories"] if not s["passed"]]
     new_bank = {**env, "CHATCACHE_BANK_DB": f"sqlite:///{home}/asked.sqlite"}  # the stories moved the other one's money
     reply = json.loads(run(["chatcache", "ask", "--bot", "bank", "--session", "s1", "--json", "What's my balance?"], home, new_bank))
+    told = subprocess.run(["chatcache", "ask", "--bot", "bank", "--session", "s2", "Hello"], cwd=home, env=new_bank, capture_output=True, text=True, timeout=900)
+    assert "read by the model trained on this bot's examples" in told.stderr, told.stderr[-4000:]  # said at start
     assert reply["intent"] == "check_balance" and reply["reply"] == f"Your balance is 2,500.00 EUR (account {demo_account_number('local')})."
