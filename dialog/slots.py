@@ -17,9 +17,11 @@ from decimal import Decimal
 from .definition import BotDefinition, Slot
 
 # Optional minus, optional currency sign, digits with optional thousands commas, optional cents,
-# optional unit (the currency slot reads the sign or unit first, when the intent has one).
+# optional unit (the currency slot reads the sign or unit first, when the intent has one). No
+# digit, comma or ".digit" may follow: "1.000" (a thousand where a dot groups thousands) and
+# "12.345" are not read at all, rather than as 1 and 12.
 _AMOUNT = re.compile(
-    r"(?<![\w.,])(-|minus\s)?\s?[$€£]?\s?(-)?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d{1,2}))?(?![\d,])"
+    r"(?<![\w.,])(-|minus\s)?\s?[$€£]?\s?(-)?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d{1,2}))?(?![\d,]|\.\d)"
     r"(?:\s?(?:dollars?|usd|euros?|eur|pounds?|gbp|bucks))?\b",
     re.IGNORECASE,
 )

@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 
 from dialog import ActionContext, ActionError, Actions, BotDefinitionError, load_bot
+from dialog.actions import DEFAULT_ERROR_RESPONSE, UNEXPECTED_REASON
 
 def test_an_action_gets_typed_slots_and_its_result_fills_the_response(write_bank_bot) -> None:  # type: ignore[no-untyped-def]
     actions = Actions.load(load_bot(write_bank_bot()))
@@ -53,3 +54,62 @@ def test_the_bot_file_names_a_missing_module_and_a_bad_response_placeholder_by_l
     bad = write_bank_bot(replace=("reference {result.reference}", "for {customer}"))
     with pytest.raises(BotDefinitionError, match=r"line \d+: flows.transfer_money.response: placeholder '\{customer\}' is not a slot"):
         load_bot(bad)
+
+
+# Why an action failed: its refusal's reason for the user, never an exception's internals.
+WHO = ActionContext("acme", "alice", "s1", "s1:3")
+TRANSFER = {"amount": "50", "currency": "EUR"}
+
+
+def test_a_refusal_fills_reason_in_the_error_response(small_bank) -> None:  # type: ignore[no-untyped-def]
+    actions = Actions.load(small_bank)
+    assert actions is not None
+    refused = actions.perform("transfer_money", {**TRANSFER, "to_account": "12121212"}, WHO)
+    assert refused.reply == (
+        "I could not make that transfer: That is your own account; a transfer goes to someone else's."
+        " Shall I put you through to a person?"
+    )
+    assert refused.result is None and "ActionRefused" in (refused.error or "")
+
+
+def test_a_refusal_goes_before_an_error_response_without_reason(small_bank) -> None:  # type: ignore[no-untyped-def]
+    actions = Actions.load(small_bank)
+    assert actions is not None
+    refused = actions.perform("block_card", {}, WHO)
+    assert refused.reply == "Your card is already blocked. Your card could not be blocked."
+
+
+def test_a_refusal_without_an_error_response_gets_the_default_with_its_reason(small_bank, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "small_bank.yaml"
+    path.write_text(path.read_text().replace("    error_response: Your card could not be blocked.\n", ""))
+    actions = Actions.load(load_bot(path))
+    assert actions is not None
+    assert actions.perform("block_card", {}, WHO).reply == DEFAULT_ERROR_RESPONSE.format(reason="Your card is already blocked.")
+
+
+def test_any_other_failure_gets_the_generic_reason_and_never_its_internals(small_bank, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    actions = Actions.load(small_bank)
+    assert actions is not None
+    with caplog.at_level(logging.ERROR, "chatcache.actions"):
+        failed = actions.perform("transfer_money", {**TRANSFER, "to_account": "00000000"}, WHO)
+    assert failed.reply == f"I could not make that transfer: {UNEXPECTED_REASON} Shall I put you through to a person?"
+    for internal in ("10.0.0.7", "svc_bank", "password", "RuntimeError", "core banking"):
+        assert internal not in failed.reply
+    assert "svc_bank" in (failed.error or "") and "svc_bank" in caplog.text  # kept for the operator: in the outcome and the log
+
+
+def test_a_refusal_in_an_amount_goes_before_the_flows_error_response(write_bank_bot) -> None:  # type: ignore[no-untyped-def]
+    """The conftest bank bot's `error_response` has no {reason}: the refusal goes first."""
+    actions = Actions.load(load_bot(write_bank_bot(actions=BANK_REFUSING)))
+    assert actions is not None
+    refused = actions.perform("transfer_money", {"amount": "5000", "to_account": "12345678"}, WHO)
+    assert refused.reply == "Your balance of 200.00 does not cover 5000. The transfer of 5000 did not go through."
+
+
+BANK_REFUSING = '''
+from dialog import ActionRefused, action
+
+@action("transfer")
+def transfer(amount, to_account):
+    raise ActionRefused(f"Your balance of 200.00 does not cover {amount}.")
+'''

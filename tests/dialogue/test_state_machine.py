@@ -167,3 +167,29 @@ def test_same_event_id_is_a_replay_even_with_another_payload() -> None:
     machine = run(TRANSFER)
     retry = DialogueEvent(EventType.OUT_OF_SCOPE, {"text": "derived from the newer state"}, "turn-1")
     assert machine.apply(retry) is False and machine.version == 1
+
+
+def test_a_waiting_second_request_and_its_offer_survive_the_round_trip() -> None:
+    waiting = DialogueEvent(EventType.INTENT_DETECTED, {**TRANSFER.payload, "slots": {"amount": "5", "to_account": "12345678"}, "confirm": False, "waiting": "block my card"}, "t1")
+    machine = run(waiting)
+    assert (machine.state, machine.waiting, machine.offered) == (State.ACTING, "block my card", None)
+    restored = DialogueStateMachine.from_dict(json.loads(json.dumps(machine.to_dict())))
+    assert restored.waiting == "block my card" and restored.to_dict() == machine.to_dict()
+    restored.apply(DialogueEvent(EventType.OFFERED, event_id="t1:offered"))
+    restored.apply(DialogueEvent(EventType.ACTED, event_id="t1:acted"))  # the bot's own turn keeps the offer
+    again = DialogueStateMachine.from_dict(json.loads(json.dumps(restored.to_dict())))
+    assert (again.state, again.waiting, again.offered) == (State.DONE, None, "block my card")
+    again.apply(DialogueEvent(EventType.OUT_OF_SCOPE, event_id="t2"))  # the user's next message drops it
+    assert again.offered is None and again.to_dict()["offered"] is None
+
+
+def test_a_waiting_request_outlives_its_flow_however_it_ends() -> None:
+    machine = run(DialogueEvent(EventType.INTENT_DETECTED, {**TRANSFER.payload, "waiting": "block my card"}, "t1"))
+    machine.apply(DialogueEvent(EventType.RESET, event_id="t2"))
+    assert machine.state == State.IDLE and machine.waiting == "block my card"
+
+
+def test_a_state_saved_before_offers_existed_loads() -> None:
+    old = {k: v for k, v in run(TRANSFER).to_dict().items() if k not in ("waiting", "offered")}
+    restored = DialogueStateMachine.from_dict(old)
+    assert restored.waiting is None and restored.offered is None and restored.missing_slots == ["amount", "to_account"]
