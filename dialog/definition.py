@@ -150,7 +150,7 @@ class TrainingSettings(_Strict):
     encoder: str = Field(default="bundled", min_length=1)  # "bundled" (all-MiniLM-L6-v2), a model id or a path
     epochs: int = Field(default=3, ge=1)
     batch_size: int = Field(default=32, ge=1)
-    body_learning_rate: float = Field(default=5e-5, gt=0.0)
+    body_learning_rate: float = Field(default=1.5e-4, gt=0.0)
     head_learning_rate: float = Field(default=1e-2, gt=0.0)
     max_length: int = Field(default=64, ge=8)
     calibration_share: float = Field(default=0.1, ge=0.0, lt=1.0)

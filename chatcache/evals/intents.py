@@ -1,6 +1,8 @@
 """Measure intent recognition on labelled queries: `chatcache eval intents`.
 
-The classifier under test is one of two:
+The reader is the nearest-example classifier, or with `--trained` the model `chatcache train`
+stores for the same examples and settings (trained first when none is stored; with a CLINC150
+file it learns "none of these" from `oos_train` too). The bot whose examples it learns is one of two:
 - built from `--train` (a BANKING77-style CSV or CLINC150's JSON): one intent per label, with
   its first `--per-intent` texts as examples, tested on a stratified held-out share of the CSV
   (`--holdout`, `--seed`), on CLINC's `val` and `oos_val`, or on `--test`;
@@ -15,7 +17,8 @@ counts as wrong), `oos_recall` (out-of-scope rows answered out_of_scope), `oos_p
 (out_of_scope answers whose row is out of scope), `confident_share` (in-scope rows given an
 intent with confidence above `--promote`, which the engine takes as confirmed without asking)
 with `confident_accuracy` among them, and `oos_confident` (out-of-scope rows given an intent
-that surely): a confident wrong answer is the mistake a user meets unasked.
+that surely): a confident wrong answer is the mistake a user meets unasked. `reliability`
+tables the share right against the confidence (`--plot` draws it).
 
 This module does not tune anything: it measures one setting per run (`--threshold`,
 `--reject-score`... override the bot's), on every other row with `--part`, so that settings

@@ -16,6 +16,7 @@ and its accuracy) is stored with the model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -137,7 +138,9 @@ def train_intent_model(
             use_cpu=True,
         )
         dataset = Dataset.from_dict({"text": [text for text, _ in rows], "label": [label for _, label in rows]})
-        SentenceTransformerTrainer(model=encoder, args=arguments, train_dataset=dataset, loss=loss).train()
+        # The trainer prints its loss log on stdout, where `eval intents --json` writes its report.
+        with contextlib.redirect_stdout(sys.stderr):
+            SentenceTransformerTrainer(model=encoder, args=arguments, train_dataset=dataset, loss=loss).train()
     encoder.eval()
     weight = loss.classifier.weight.detach().cpu().contiguous()
     bias = loss.classifier.bias.detach().cpu().contiguous()

@@ -66,3 +66,21 @@ def test_the_engine_reads_intents_with_the_trained_model_only_when_it_matches(  
     changed = make_engine(tiny_model, bot=bot_file, embedder=toy_embed, drift=False)
     assert changed.trained_intents is None  # trained on other examples: not used
     changed.close()
+
+
+def test_eval_intents_measures_the_trained_model_with_its_reliability(bot_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from chatcache.evals.intents import main as eval_intents
+
+    rows = tmp_path / "test.csv"
+    rows.write_text("text,category\nmy card is lost now,lost_card\nbalance today,balance\nweather forecast tomorrow,out_of_scope\n")
+    plot = tmp_path / "reliability.png"
+    assert eval_intents(["--bot", str(bot_file), "--test", str(rows), "--trained", "--plot", str(plot), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["classifier"]["trained"] and report["out_of_scope_examples"] == 4
+    assert report["in_scope"] == 2 and report["out_of_scope"] == 1
+    assert sum(row["rows"] for row in report["reliability"]) == 2  # every in-scope row in one bin
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert eval_intents(["--bot", str(bot_file), "--test", str(rows), "--epochs", "2"]) == 2
+    assert "needs --trained" in capsys.readouterr().err
