@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .classifier import IntentReader, PreviousTurn, read_in_context
+from .classifier import IntentReader, IntentResult, PreviousTurn, read_in_context
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow
 from .requests import declined, two_requests
 from .slots import SlotExtractor
@@ -194,7 +194,7 @@ class DialogueManager:
         if machine.state in _ASKING and machine.intent is not None:
             return self._read_in_flow(machine, text, turn_id, embedding)
         if (declined := self._declined(text)) is not None:
-            return _Reading(DialogueEvent(EventType.RESET, {"declined": declined}, turn_id), reply=DECLINED_REPLY)
+            return _Reading(DialogueEvent(EventType.RESET, {"declined": declined.intent}, turn_id), reply=DECLINED_REPLY)
         if (two := self._two_requests(text, turn_id)) is not None:
             return two
         result = read_in_context(self.classifier, text, previous, embedding)
@@ -221,9 +221,11 @@ class DialogueManager:
                 return _Reading(DialogueEvent(EventType.CONFIRMED, event_id=turn_id))
         if _CANCEL.search(text):
             return _Reading(DialogueEvent(EventType.RESET, event_id=turn_id))
-        if (declined := self._declined(text)) is not None:  # of this flow: called off; of another: nothing starts
-            if declined == machine.intent:
-                return _Reading(DialogueEvent(EventType.RESET, {"declined": declined}, turn_id))
+        if (declined := self._declined(text)) is not None:
+            # Of this flow, or not surely of another ("I don't want to send money anymore" mid-transfer
+            # may read as cancelling one): called off. Surely of another: nothing starts, the flow goes on.
+            if declined.intent == machine.intent or declined.confidence <= self.promote_threshold:
+                return _Reading(DialogueEvent(EventType.RESET, {"declined": declined.intent}, turn_id))
             return _Reading(DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id), preface=DECLINED)
         result = self.classifier.classify(text, embedding)
         other = self.bot.intent(result.intent) if result.intent not in (OUT_OF_SCOPE, machine.intent) else None
@@ -234,15 +236,15 @@ class DialogueManager:
         wanted = self._extractor.kind(machine.missing_slots[0]) if machine.missing_slots else None
         return _Reading(DialogueEvent(EventType.OUT_OF_SCOPE, {"text": text}, turn_id), preface=NOT_A_NUMBER if wanted == "amount" else None)
 
-    def _declined(self, text: str) -> str | None:
-        """The intent `text` declines (`dialog.requests.declined`), if the bot would act on it:
-        declining what the bot only answers ("I don't want to pay fees") is no decline to heed."""
+    def _declined(self, text: str) -> IntentResult | None:
+        """The reading of what `text` declines (`dialog.requests.declined`), if the bot would act
+        on it: declining what the bot only answers ("I don't want to pay fees") is no decline to heed."""
         request = declined(text)
         if request is None:
             return None
-        intent = self.classifier.classify(request).intent
-        flow = self.bot.flow(intent) if intent != OUT_OF_SCOPE else None
-        return intent if flow is not None and (flow.action is not None or flow.hand_off) else None
+        reading = self.classifier.classify(request)
+        flow = self.bot.flow(reading.intent) if reading.intent != OUT_OF_SCOPE else None
+        return reading if flow is not None and (flow.action is not None or flow.hand_off) else None
 
     def _two_requests(self, text: str, turn_id: str | None) -> _Reading | None:
         """The first request's reading, with the second's answer (`also`) or the second waiting

@@ -124,6 +124,15 @@ def test_declining_another_request_mid_flow_keeps_the_flow(manager: DialogueMana
     assert decision.prompt == "All right, I will not do that.\n\nHow much would you like to send?"
 
 
+def test_a_decline_mid_flow_not_surely_of_another_request_calls_the_flow_off(manager: DialogueManager) -> None:
+    asked = manager.handle(None, "I want to send money")
+    unsure = manager.classifier.classify("block my card")
+    assert unsure.intent == "block_card" and unsure.confidence <= 1.0
+    strict = DialogueManager(manager.bot, manager.classifier, promote_threshold=1.0)  # no reading is sure enough
+    decision = strict.handle(asked.state, "I don't want to block my card")
+    assert decision.state["state"] == "IDLE" and decision.intent == OUT_OF_SCOPE and decision.action is None
+
+
 def test_two_answers_in_one_message_are_both_given(manager: DialogueManager) -> None:
     decision = manager.handle(None, "when are you open and what are your fees")
     assert decision.prompt == "We are open from 9 to 5.\n\nTransfers within the country are free."
