@@ -55,6 +55,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 @pytest.mark.bundled
+@pytest.mark.packaging
 def test_the_installed_wheel_runs_the_bank_bot_outside_the_checkout(installed: tuple[Path, dict[str, str]]) -> None:
     home, env = installed
     where = run(["python", "-c", "import chatcache, dialog, apps; print(chatcache.__file__, dialog.__file__, apps.__file__)"], home, env)
