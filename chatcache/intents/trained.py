@@ -49,9 +49,22 @@ def training_examples(bot: BotDefinition) -> dict[str, list[str]]:
 
 
 def model_key(examples: dict[str, list[str]], settings: TrainingSettings) -> str:
-    """A short hash of everything a trained model depends on (the examples, the encoder, the settings)."""
-    payload = json.dumps({"format": FORMAT, "examples": examples, "settings": settings.model_dump()}, sort_keys=True)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+    """A short hash of everything a trained model depends on: the examples, the settings, and
+    the base encoder's weights (a new version of the bundled package, or other files at the
+    same path, is another encoder)."""
+    payload = {"format": FORMAT, "examples": examples, "settings": settings.model_dump(), "encoder": encoder_identity(settings.encoder)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def encoder_identity(name: str) -> dict[str, str]:
+    """The SHA-256 of each weight file of an encoder on disk (the bundled one is), remembered in
+    the data directory while the files are unchanged; a model id names itself."""
+    from ..model.loading import embedder_source
+    from ..model.weights_identity import weight_digests, weight_files
+
+    source = Path(embedder_source(name))
+    files = weight_files(source) if source.is_dir() else []
+    return weight_digests(files) if files else {"name": name}
 
 
 def model_dir(key: str, data_dir: Path | None = None) -> Path:

@@ -74,6 +74,19 @@ def test_one_message_reads_as_it_does_among_many(trained) -> None:  # type: igno
         assert alone.confidence == pytest.approx(together.confidence, abs=1e-4)
 
 
+def test_other_weights_at_the_same_encoder_path_miss_the_stored_model(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    bot, data_dir, _ = trained
+    copy = tmp_path / "encoder"
+    shutil.copytree(bot.training.encoder, copy)
+    moved = bot.model_copy(update={"training": bot.training.model_copy(update={"encoder": str(copy)})})
+    key = model_key(training_examples(moved), moved.training)
+    (weights,) = copy.glob("*.safetensors")
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\1")  # one value changed
+    assert model_key(training_examples(moved), moved.training) != key
+
+
 def test_load_trained_finds_the_model_in_the_data_directory(trained, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     bot, data_dir, directory = trained
     monkeypatch.setenv("CHATCACHE_DATA_DIR", str(data_dir))
