@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,9 @@ class TrainedIntentClassifier:
         self._weight, self._bias = head["weight"].to(device), head["bias"].to(device)
         self._encoder: SentenceTransformer = SentenceTransformer(str(directory / "encoder"), device=device)
         self._encoder.max_seq_length = self.info.settings.max_length
+        # Sessions read their turns on their own threads; a fast tokenizer used by two threads at
+        # once may refuse ("Already borrowed"), and a reading takes milliseconds: one at a time.
+        self._reading = threading.Lock()
 
     def classify(self, text: str, embedding: np.ndarray | None = None) -> IntentResult:
         """The verdict on one message.
@@ -125,8 +129,8 @@ class TrainedIntentClassifier:
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
         """Calibrated probabilities, one row per text, columns in `info.labels` order."""
-        with torch.inference_mode():
-            vectors = self._encoder.encode(texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
+        with self._reading, torch.inference_mode():
+            vectors = self._encoder.encode(texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
             logits = vectors @ self._weight.T + self._bias
             return torch.softmax(logits / self.info.temperature, dim=-1).cpu().numpy().astype(np.float64)
 

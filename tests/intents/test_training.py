@@ -87,6 +87,18 @@ def test_other_weights_at_the_same_encoder_path_miss_the_stored_model(trained, t
     assert model_key(training_examples(moved), moved.training) != key
 
 
+def test_sessions_reading_on_their_own_threads_get_what_one_reader_gets(trained) -> None:  # type: ignore[no-untyped-def]
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = TrainedIntentClassifier(trained[2])
+    texts = [text for examples in WORDS.values() for text in examples] * 4
+    alone = [model.classify(text) for text in texts]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(model.classify, texts))
+    assert [r.intent for r in together] == [r.intent for r in alone]
+    assert [r.confidence for r in together] == pytest.approx([r.confidence for r in alone], abs=1e-6)
+
+
 def test_load_trained_finds_the_model_in_the_data_directory(trained, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     bot, data_dir, directory = trained
     monkeypatch.setenv("CHATCACHE_DATA_DIR", str(data_dir))
