@@ -141,7 +141,7 @@ def test_a_bot_is_tested_on_the_rows_it_did_not_learn_with_its_own_settings(tmp_
     bot.write_text(f"system_prompt: A bank.\nintents:\n{intents}examples_file: {{path: labelled.csv, per_intent: 3}}\nclassifier: {{threshold: 0.6}}\n")
     report = run(capsys, "--bot", bot, "--train", labelled, "--reject-score", "0.45")
     assert (report["n"], report["examples"], report["accuracy"]) == (6, 9, 1.0)  # the 2 rows per intent beyond the first 3
-    assert report["classifier"] == {"threshold": 0.6, "margin": 0.0, "temperature": 0.03, "reject_score": 0.45}
+    assert report["classifier"] == {"nearest_examples": {"threshold": 0.6, "margin": 0.0, "temperature": 0.03, "reject_score": 0.45}}
 
 
 def test_bad_input_exits_2_naming_the_file_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
