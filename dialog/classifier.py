@@ -32,8 +32,11 @@ Embed = Callable[[list[str]], NDArray[np.floating]]
 
 _TOP_K = 3
 
-FOLLOW_UP_BELOW = 0.95
-"""A message read with at least this confidence alone is never re-read in context (the promotion threshold)."""
+PROMOTE_THRESHOLD = 0.95
+"""The engine's default: a reading surer than this counts as confirmed (`DialogueManager.promote_threshold`)."""
+
+FOLLOW_UP_BELOW = PROMOTE_THRESHOLD
+"""A message read with at least this confidence alone is never re-read in context."""
 
 
 @dataclass(frozen=True)

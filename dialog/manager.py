@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .classifier import IntentReader, IntentResult, PreviousTurn, read_in_context
+from .classifier import PROMOTE_THRESHOLD, IntentReader, IntentResult, PreviousTurn, read_in_context
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow
 from .requests import declined, two_requests
 from .slots import SlotExtractor
@@ -97,7 +97,7 @@ class TurnDecision:
 class DialogueManager:
     """Drives a bot's flows from user text, holding no per-conversation state itself."""
 
-    def __init__(self, bot: BotDefinition, classifier: IntentReader, promote_threshold: float = 0.95) -> None:
+    def __init__(self, bot: BotDefinition, classifier: IntentReader, promote_threshold: float = PROMOTE_THRESHOLD) -> None:
         """Args:
         bot: The bot whose flows to run.
         classifier: Recognises the bot's intents.

@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 from pydantic import ValidationError
 
 from dialog import OUT_OF_SCOPE, BotDefinition, BotDefinitionError, Embed, Intent, IntentClassifier, IntentResult, load_bot
+from dialog.classifier import PROMOTE_THRESHOLD
 from dialog.definition import ClassifierSettings
 
 from ..errors import ModelNotFoundError
@@ -57,8 +58,6 @@ from .intent_data import (
     training_texts,
 )
 
-PROMOTE_THRESHOLD = 0.95
-"""The engine's default: above it an intent counts as confirmed (`DialogueManager.promote_threshold`)."""
 
 _BATCH = 256
 _SETTINGS = ("threshold", "margin", "temperature", "reject_score")

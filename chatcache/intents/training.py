@@ -37,7 +37,7 @@ from scipy.optimize import minimize_scalar
 from torch import nn
 
 from dialog import OUT_OF_SCOPE
-
+from dialog.classifier import PROMOTE_THRESHOLD
 from dialog.definition import TrainingSettings
 
 from .trained import model_dir, model_key
@@ -46,9 +46,6 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 Progress = Callable[[str], None]
-
-PROMOTE = 0.95
-"""The engine's promotion threshold: training reports how the held-out examples fare above it."""
 
 
 def split_for_calibration(
@@ -179,7 +176,7 @@ def _held_out_figures(logits: np.ndarray, targets: np.ndarray, temperature: floa
     probs /= probs.sum(axis=1, keepdims=True)
     best = probs.argmax(axis=1)
     right = best == targets
-    sure = (probs.max(axis=1) > PROMOTE) & (np.array(labels)[best] != OUT_OF_SCOPE)
+    sure = (probs.max(axis=1) > PROMOTE_THRESHOLD) & (np.array(labels)[best] != OUT_OF_SCOPE)
     return {
         "held_out": int(len(targets)),
         "accuracy": round(float(right.mean()), 4),
