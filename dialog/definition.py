@@ -153,7 +153,7 @@ class TrainingSettings(_Strict):
     body_learning_rate: float = Field(default=1.5e-4, gt=0.0)
     head_learning_rate: float = Field(default=1e-2, gt=0.0)
     max_length: int = Field(default=64, ge=8)
-    calibration_share: float = Field(default=0.1, ge=0.0, lt=1.0)
+    calibration_share: float = Field(default=0.1, gt=0.0, lt=1.0)  # every intent with two examples or more gives one
     reject_below: float = Field(default=0.4, ge=0.0, le=1.0)
     seed: int = 0
 

@@ -140,3 +140,12 @@ def test_the_fitted_temperature_recovers_the_one_the_labels_were_drawn_with() ->
     assert fit_temperature(logits, labels) == pytest.approx(true, rel=0.1)
     overconfident = fit_temperature(logits * 3, labels)
     assert overconfident == pytest.approx(3 * true, rel=0.1)
+
+
+def test_a_calibration_share_of_nothing_is_refused_rather_than_holding_out_one_anyway() -> None:
+    from pydantic import ValidationError
+
+    from dialog.definition import TrainingSettings
+
+    with pytest.raises(ValidationError, match="calibration_share"):
+        TrainingSettings(calibration_share=0.0)
