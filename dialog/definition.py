@@ -142,9 +142,10 @@ class TrainingSettings(_Strict):
     model's key, so `chat` and `serve` find the model trained with exactly these settings.
 
     The encoder and a linear head learn together for `epochs`; `calibration_share` of each
-    intent's examples is held out to calibrate the confidence; a calibrated confidence below
-    `reject_below` is out of scope whatever the best intent (a bot without out-of-scope
-    examples has no other way to say "none of these").
+    intent's examples is held out to calibrate the confidence and to set how unfamiliar a
+    message must look to be out of scope whatever its best intent: unfamiliar enough to reject
+    `reject_share` of the held-out in-scope examples (the share of customers' in-scope messages
+    the bot may send to its fallback, traded against the out-of-scope messages it catches).
     """
 
     encoder: str = Field(default="bundled", min_length=1)  # "bundled" (all-MiniLM-L6-v2), a model id or a path
@@ -154,7 +155,7 @@ class TrainingSettings(_Strict):
     head_learning_rate: float = Field(default=1e-2, gt=0.0)
     max_length: int = Field(default=64, ge=8)
     calibration_share: float = Field(default=0.1, gt=0.0, lt=1.0)  # every intent with two examples or more gives one
-    reject_below: float = Field(default=0.4, ge=0.0, le=1.0)
+    reject_share: float = Field(default=0.01, gt=0.0, lt=0.5)
     seed: int = 0
 
 

@@ -2,8 +2,9 @@
 
 A trained model is a fine-tuned sentence encoder with a linear head over the bot's intents
 (and `out_of_scope` when the bot gives examples of what it does not do), plus one temperature
-that turns the head's logits into probabilities that mean what they say (fitted on examples
-held out from training). It lives in `<data dir>/intent_models/<key>/`, where the key hashes
+that turns the head's logits into probabilities that mean what they say, and a familiarity
+threshold under which a message is out of scope whatever its best intent (both fitted on
+examples held out from training). It lives in `<data dir>/intent_models/<key>/`, where the key hashes
 everything the model depends on: the examples, the base encoder and the training settings.
 A bot whose examples change no longer matches its old model, so `chat`, `ask` and `serve`
 never use a model that was trained on other examples; they fall back to the nearest-example
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from safetensors.torch import load_file
+from scipy.special import logsumexp
+from scipy.stats import norm
 
 from dialog import OUT_OF_SCOPE, BotDefinition, IntentResult
 from dialog.definition import TrainingSettings
@@ -36,8 +39,64 @@ from ..config import default_data_dir
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-FORMAT = 1
+FORMAT = 2
 """The layout of a stored model; a change makes every older key miss instead of misloading."""
+
+
+def familiarity(logits: np.ndarray, labels: list[str]) -> np.ndarray:
+    """How much a message looks like what the model learned, a row of signals a message: the log
+    of the summed exponentials of the in-scope logits (large when some intent's examples were
+    like it), and, when the bot has a "none of these" class, the log-odds of any intent against
+    it (the same sum less that class's logit).
+
+    A learned "none of these" alone misses what its few examples did not cover (100 CLINC150
+    queries against 150 intents), and a low best probability alone also rejects messages torn
+    between two intents; the two signals together separate out-of-scope queries better than
+    either (bench/README.md, "Out of scope"). Log-odds, not probabilities, since a probability
+    that sits at 1.0 on every held-out example has no spread to measure an outlier by.
+    `logits` are already divided by the temperature.
+    """
+    in_scope = [index for index, name in enumerate(labels) if name != OUT_OF_SCOPE]
+    energy = np.asarray(logsumexp(logits[:, in_scope], axis=1))
+    if OUT_OF_SCOPE not in labels:
+        return energy.reshape(-1, 1)
+    return np.stack([energy, energy - logits[:, labels.index(OUT_OF_SCOPE)]], axis=1)
+
+
+@dataclass(frozen=True)
+class FamiliarityRule:
+    """Out of scope below a threshold on the familiarity signals, each standardised by its mean
+    and spread over the held-out in-scope examples and summed; the threshold rejects
+    `reject_share` of those examples (so a bot's developer sets how many of their customers'
+    in-scope messages may go to the fallback, not a score with no unit)."""
+
+    means: tuple[float, ...]
+    spreads: tuple[float, ...]
+    threshold: float
+
+    @classmethod
+    def fit(cls, held_in_scope: np.ndarray, reject_share: float) -> FamiliarityRule | None:
+        """The rule from the familiarity signals of held-out in-scope examples; None with fewer than two.
+
+        The threshold is their scores' `reject_share` quantile when there are enough of them to
+        see that share (one in a hundred needs a hundred); fewer (a bot with a handful of
+        examples an intent) would make it their least familiar one, which rejects much more
+        than the share of what comes next, so it is then read from a normal fit of the scores.
+        """
+        if len(held_in_scope) < 2:
+            return None
+        means, spreads = held_in_scope.mean(axis=0), np.maximum(held_in_scope.std(axis=0), 1e-6)
+        scores = ((held_in_scope - means) / spreads).sum(axis=1)
+        if len(scores) * reject_share >= 1:
+            threshold = float(np.quantile(scores, reject_share))
+        else:
+            threshold = float(scores.mean() + norm.ppf(reject_share) * scores.std())
+        return cls(tuple(map(float, means)), tuple(map(float, spreads)), threshold)
+
+    def familiar(self, signals: np.ndarray) -> np.ndarray:
+        """One bool a row: whether the message is familiar enough to be given an intent."""
+        scores = ((signals - np.array(self.means)) / np.array(self.spreads)).sum(axis=1)
+        return np.asarray(scores >= self.threshold, dtype=bool)
 
 
 def training_examples(bot: BotDefinition) -> dict[str, list[str]]:
@@ -80,6 +139,7 @@ class TrainedModelInfo:
     key: str
     labels: list[str]
     temperature: float
+    familiarity: FamiliarityRule | None
     settings: TrainingSettings
     measured: dict[str, Any]
 
@@ -103,6 +163,7 @@ class TrainedIntentClassifier:
             key=directory.name,
             labels=list(meta["labels"]),
             temperature=float(meta["temperature"]),
+            familiarity=FamiliarityRule(**meta["familiarity"]) if meta.get("familiarity") else None,
             settings=TrainingSettings.model_validate(meta["settings"]),
             measured=dict(meta.get("measured", {})),
         )
@@ -124,18 +185,24 @@ class TrainedIntentClassifier:
 
     def classify_many(self, texts: list[str]) -> list[IntentResult]:
         """The verdicts on many messages, encoded in batches (what evaluations use)."""
-        probabilities = self.probabilities(texts)
-        return [self._verdict(row) for row in probabilities]
+        logits = self.scaled_logits(texts)
+        rule = self.info.familiarity
+        familiar = rule.familiar(familiarity(logits, self.info.labels)) if rule is not None else np.ones(len(texts), dtype=bool)
+        return [self._verdict(row, known) for row, known in zip(softmax(logits), familiar, strict=True)]
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
         """Calibrated probabilities, one row per text, columns in `info.labels` order."""
+        return softmax(self.scaled_logits(texts))
+
+    def scaled_logits(self, texts: list[str]) -> np.ndarray:
+        """The head's logits divided by the calibrated temperature, one row per text."""
         with self._reading, torch.inference_mode():
             vectors = self._encoder.encode(texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
             logits = vectors @ self._weight.T + self._bias
-            return torch.softmax(logits / self.info.temperature, dim=-1).cpu().numpy().astype(np.float64)
+            return (logits / self.info.temperature).cpu().numpy().astype(np.float64)
 
-    def _verdict(self, probabilities: np.ndarray) -> IntentResult:
-        """The best intent, unless "none of these" is likelier or the best is below `reject_below`.
+    def _verdict(self, probabilities: np.ndarray, familiar: bool) -> IntentResult:
+        """The best intent, unless "none of these" is likelier or the message is unfamiliar.
 
         `confidence` is the best intent's probability also when the verdict is out of scope
         (as `IntentClassifier` reports it), so a caller sees how close it came."""
@@ -144,13 +211,19 @@ class TrainedIntentClassifier:
         best = max(scores, key=scores.__getitem__)
         confidence = ranked[0]
         none_likelier = OUT_OF_SCOPE in self.info.labels and float(probabilities[self.info.labels.index(OUT_OF_SCOPE)]) > confidence
-        accepted = not none_likelier and confidence >= self.info.settings.reject_below
+        accepted = familiar and not none_likelier
         return IntentResult(
             intent=best if accepted else OUT_OF_SCOPE,
             confidence=confidence,
             margin=confidence - (ranked[1] if len(ranked) > 1 else 0.0),
             scores=scores,
         )
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities from logits, one row each."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return np.asarray(shifted / shifted.sum(axis=1, keepdims=True))
 
 
 def find_trained(bot: BotDefinition, data_dir: Path | None = None) -> Path | None:

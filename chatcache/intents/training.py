@@ -10,11 +10,12 @@ epochs here, which 2 cores cannot afford for BANKING77's 10,000 rows. Its end-to
 training, with every example padded to the longest length allowed (a step of 32 BANKING77
 texts: 2.61 s at 64 tokens against 2.24 s padded to the batch's longest, measured side by side).
 
-A share of each intent's examples is held out from training and used for one thing only: the
+A share of each intent's examples is held out from training and used for two things only: the
 temperature that makes the head's probabilities calibrated (minimising their negative
 log-likelihood on those examples), so that the engine's promotion threshold, "confident above
-0.95", means what it says. What the held-out examples measured (accuracy, the confident share
-and its accuracy) is stored with the model.
+0.95", means what it says; and the familiarity threshold that rejects `reject_share` of the
+held-out in-scope examples, under which a message is out of scope. What the held-out examples
+measured (accuracy, the confident share and its accuracy) is stored with the model.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +42,7 @@ from dialog import OUT_OF_SCOPE
 from dialog.classifier import PROMOTE_THRESHOLD
 from dialog.definition import TrainingSettings
 
-from .trained import model_dir, model_key
+from .trained import FamiliarityRule, familiarity, model_dir, model_key
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -150,6 +152,8 @@ def train_intent_model(
         vectors = encoder.encode(held_texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
         logits = (vectors @ weight.T + bias).numpy().astype(np.float64)
     temperature = fit_temperature(logits, held_targets) if len(held_texts) else 1.0
+    in_scope = np.array([label != OUT_OF_SCOPE for label in labels])[held_targets] if len(held_texts) else np.zeros(0, dtype=bool)
+    rule = FamiliarityRule.fit(familiarity(logits / temperature, labels)[in_scope], settings.reject_share)
     measured = _held_out_figures(logits, held_targets, temperature, labels)
     measured["training_seconds"] = round(time.perf_counter() - started, 1)
     key = model_key(examples, settings)
@@ -159,7 +163,13 @@ def train_intent_model(
     staging.mkdir(parents=True)
     encoder.save(str(staging / "encoder"))
     save_file({"weight": weight, "bias": bias}, str(staging / "head.safetensors"))
-    record: dict[str, Any] = {"labels": labels, "temperature": temperature, "settings": settings.model_dump(), "measured": measured}
+    record: dict[str, Any] = {
+        "labels": labels,
+        "temperature": temperature,
+        "familiarity": asdict(rule) if rule is not None else None,
+        "settings": settings.model_dump(),
+        "measured": measured,
+    }
     (staging / "model.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     shutil.rmtree(directory, ignore_errors=True)
     staging.rename(directory)  # a model appears whole or not at all: chat never loads half of one

@@ -13,7 +13,7 @@ import pytest
 
 from chatcache.cli import main
 from chatcache.evals.intent_data import held_out_split
-from chatcache.evals.intents import measure
+from chatcache.evals.intents import measure, precision_at_share
 from dialog import OUT_OF_SCOPE, IntentResult
 
 TRAIN = {
@@ -72,10 +72,18 @@ def test_metrics_count_out_of_scope_answers_as_wrong_and_confidence_strictly_abo
     metrics = measure(rows, results, promote_threshold=0.95)
     assert (metrics.n, metrics.in_scope, metrics.out_of_scope) == (6, 4, 2)
     assert metrics.accuracy == 2 / 4
-    assert (metrics.oos_recall, metrics.oos_precision) == (1 / 2, 1 / 2)
+    assert (metrics.oos_recall, metrics.oos_precision, metrics.in_scope_rejected) == (1 / 2, 1 / 2, 1 / 4)
     assert (metrics.confident_share, metrics.confident_accuracy, metrics.oos_confident) == (2 / 4, 1 / 2, 1 / 2)
     nothing_out = measure(rows[:1], results[:1])
     assert (nothing_out.oos_recall, nothing_out.oos_precision, nothing_out.oos_confident) == (None, None, None)
+
+
+def test_precision_at_another_mix_follows_from_the_recall_and_the_in_scope_rejections() -> None:
+    # 100 out-of-scope in 3,100 queries: 90 caught, 60 of 3,000 in-scope rejected -> 0.6 here;
+    # the same reader where 1,000 of 5,500 are out of scope: 900 caught, 90 of 4,500 rejected.
+    assert precision_at_share(0.9, 0.02, 100 / 3100) == pytest.approx(90 / 150)
+    assert precision_at_share(0.9, 0.02, 1000 / 5500) == pytest.approx(900 / 990)
+    assert precision_at_share(0.0, 0.0, 0.5) is None
 
 
 def test_the_held_out_split_is_stratified_deterministic_and_keeps_an_example_per_label() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatcache.intents.trained import TrainedIntentClassifier, find_trained, load_trained, model_key, training_examples
+from chatcache.intents.trained import FamiliarityRule, TrainedIntentClassifier, familiarity, find_trained, load_trained, model_key, training_examples
 from chatcache.intents.training import fit_temperature, split_for_calibration, train_intent_model
 from dialog import OUT_OF_SCOPE, BotDefinition, Intent
 
@@ -22,7 +22,12 @@ NONE_OF_THESE = ["pizza recipe", "weather forecast", "football score", "pizza to
 def toy_bot(encoder: Path, **changes: object) -> BotDefinition:
     """Three intents and out-of-scope examples that a tiny encoder can tell apart by their words."""
     intents = [Intent(name=name, examples=examples) for name, examples in WORDS.items()]
-    training = {"encoder": str(encoder), "epochs": 30, "batch_size": 8, "body_learning_rate": 1e-3, "head_learning_rate": 5e-2, "calibration_share": 0.2}
+    # Three held-out examples (one an intent) are too few to say how unfamiliar a toy encoder's
+    # unseen phrasing may be: the familiarity threshold is set far out and tested on its own below.
+    training = {
+        "encoder": str(encoder), "epochs": 30, "batch_size": 8, "body_learning_rate": 1e-3, "head_learning_rate": 5e-2,
+        "calibration_share": 0.2, "reject_share": 1e-4,
+    }
     bot = BotDefinition(system_prompt="A bank.", intents=intents, out_of_scope_examples=NONE_OF_THESE, training=training)
     return bot.model_copy(update=changes)
 
@@ -149,3 +154,40 @@ def test_a_calibration_share_of_nothing_is_refused_rather_than_holding_out_one_a
 
     with pytest.raises(ValidationError, match="calibration_share"):
         TrainingSettings(calibration_share=0.0)
+
+
+def test_the_familiarity_rule_rejects_its_share_of_held_out_in_scope_examples_and_what_lies_beyond() -> None:
+    rng = np.random.default_rng(0)
+    held = rng.normal([8.0, 4.0], [1.5, 1.0], size=(2000, 2))
+    rule = FamiliarityRule.fit(held, reject_share=0.05)
+    assert rule is not None
+    assert (~rule.familiar(held)).mean() == pytest.approx(0.05, abs=0.002)
+    unseen = rng.normal([8.0, 4.0], [1.5, 1.0], size=(2000, 2))  # more of the same kind: about the same share
+    assert (~rule.familiar(unseen)).mean() == pytest.approx(0.05, abs=0.02)
+    unlike = rng.normal([2.0, -1.0], [1.5, 1.0], size=(200, 2))  # low logits, "none of these" likely
+    assert (~rule.familiar(unlike)).mean() > 0.99
+    assert FamiliarityRule.fit(held[:1], 0.05) is None  # one example has no spread to measure by
+
+
+def test_familiarity_signals_are_the_in_scope_log_sum_exp_and_its_log_odds_against_none_of_these() -> None:
+    logits = np.array([[2.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
+    signals = familiarity(logits, ["a", "b", OUT_OF_SCOPE])
+    in_scope = np.log(np.exp(logits[:, :2]).sum(axis=1))
+    assert signals[:, 0] == pytest.approx(in_scope)
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    assert signals[:, 1] == pytest.approx(np.log(probabilities[:, :2].sum(axis=1) / probabilities[:, 2]))
+    assert familiarity(logits[:, :2], ["a", "b"]) == pytest.approx(in_scope[:, None])  # no "none of these" to weigh
+
+
+def test_the_stored_threshold_decides_out_of_scope_whatever_the_best_intent(trained) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+    import json
+
+    directory = trained[2]
+    stored = json.loads((directory / "model.json").read_text())["familiarity"]
+    assert set(stored) == {"means", "spreads", "threshold"} and len(stored["means"]) == 2
+    model = TrainedIntentClassifier(directory)
+    assert model.info.familiarity is not None and model.classify("I lost my card").intent == "lost_card"
+    model.info = dataclasses.replace(model.info, familiarity=dataclasses.replace(model.info.familiarity, threshold=float("inf")))
+    verdict = model.classify("I lost my card")
+    assert verdict.intent == OUT_OF_SCOPE and max(verdict.scores, key=verdict.scores.__getitem__) == "lost_card"
