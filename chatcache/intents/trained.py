@@ -159,6 +159,8 @@ class TrainedIntentClassifier:
         if not record.is_file() or not (directory / "head.safetensors").is_file():
             raise FileNotFoundError(f"{directory}: no trained intent model there (model.json and head.safetensors)")
         meta = json.loads(record.read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT:
+            raise FileNotFoundError(f"{directory}: a model stored in format {meta.get('format', 1)}, this chatcache reads {FORMAT}: train it again")
         self.info = TrainedModelInfo(
             key=directory.name,
             labels=list(meta["labels"]),

@@ -42,7 +42,7 @@ from dialog import OUT_OF_SCOPE
 from dialog.classifier import PROMOTE_THRESHOLD
 from dialog.definition import TrainingSettings
 
-from .trained import FamiliarityRule, familiarity, model_dir, model_key
+from .trained import FORMAT, FamiliarityRule, familiarity, model_dir, model_key
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -164,6 +164,7 @@ def train_intent_model(
     encoder.save(str(staging / "encoder"))
     save_file({"weight": weight, "bias": bias}, str(staging / "head.safetensors"))
     record: dict[str, Any] = {
+        "format": FORMAT,
         "labels": labels,
         "temperature": temperature,
         "familiarity": asdict(rule) if rule is not None else None,

@@ -119,6 +119,19 @@ def test_a_directory_without_a_whole_model_is_refused(tmp_path: Path) -> None:
         TrainedIntentClassifier(tmp_path)
 
 
+def test_a_model_stored_in_another_format_is_refused_with_what_to_do(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import shutil
+
+    older = tmp_path / "older"
+    shutil.copytree(trained[2], older)
+    record = json.loads((older / "model.json").read_text())
+    del record["format"]  # as the first format wrote it
+    (older / "model.json").write_text(json.dumps(record))
+    with pytest.raises(FileNotFoundError, match="format 1, this chatcache reads 2: train it again"):
+        TrainedIntentClassifier(older)
+
+
 def test_training_needs_two_labels_with_examples(tiny_encoder_dir: Path, tmp_path: Path) -> None:
     bot = toy_bot(tiny_encoder_dir)
     with pytest.raises(ValueError, match="two labels or more"):
