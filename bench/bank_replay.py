@@ -45,8 +45,8 @@ import matplotlib
 
 from chatcache import AnswerCacheConfig, ChatEngine, TokenTierConfig, load_chat_model
 from chatcache.model.loading import ChatModel
-from dialog import BotDefinition, load_bot
-from dialog.training import read_labelled
+from chatcache.dialog import BotDefinition, load_bot
+from chatcache.dialog.training import read_labelled
 
 from .common import BenchRun, bench_arguments
 

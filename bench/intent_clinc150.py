@@ -22,7 +22,7 @@ import numpy as np
 
 from bench.common import DEFAULT_DATA, BenchRun, bench_arguments
 from chatcache.model.loading import load_embedder
-from dialog import OUT_OF_SCOPE, BotDefinition, IntentClassifier
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, IntentClassifier
 
 
 def main() -> None:

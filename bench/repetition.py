@@ -26,7 +26,7 @@ from typing import Any
 import matplotlib
 
 from chatcache import AnswerCacheConfig, ChatEngine, Message, TokenTierConfig, load_chat_model
-from dialog import load_bot
+from chatcache.dialog import load_bot
 
 from .common import BenchRun, bench_arguments, sgd_user_turns
 

@@ -29,8 +29,8 @@ from chatcache.steering.hcac import ContextCoordinator, sentence_embed
 from chatcache.model.loading import load_embedder
 from chatcache.model.prompt import Message
 from chatcache.tiers.turn_tier import TurnTier
-from dialog import load_bot
-from storage import SessionStore
+from chatcache.dialog import load_bot
+from chatcache.storage import SessionStore
 
 from .common import BenchRun, bench_arguments, sgd_exchanges
 

@@ -12,8 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dialog import BotDefinition
-    from storage import SessionStore
+    from chatcache.dialog import BotDefinition
+    from chatcache.storage import SessionStore
 
     from .answer_cache import AnswerCacheConfig
     from .config import GenerationConfig, TokenTierConfig, default_data_dir
@@ -42,13 +42,13 @@ if TYPE_CHECKING:
     from .tiers.turn_tier import TurnTierConfig
 
 # Each public name and the module that defines it (".x": chatcache.x); `ChatEngine` takes the
-# session store and the bot definition from the packages beside this one.
+# session store and the bot definition from its subpackages storage and dialog.
 _EXPORTS = {
     "AnswerCacheConfig": ".answer_cache",
     "AsyncReplyStream": ".reply",
     "ChatCacheError": ".errors",
     "ChatEngine": ".engine",
-    "BotDefinition": "dialog",
+    "BotDefinition": ".dialog",
     "ChatModel": ".model.loading",
     "ConfigError": ".errors",
     "CorruptDatabaseError": ".errors",
@@ -65,7 +65,7 @@ _EXPORTS = {
     "ReplyFormat": ".model.reply_format",
     "ReplyStream": ".reply",
     "SessionClosedError": ".errors",
-    "SessionStore": "storage",
+    "SessionStore": ".storage",
     "StageThresholds": ".steering.drift",
     "StorageError": ".errors",
     "TokenTier": ".tiers.token_tier",

@@ -250,7 +250,7 @@ def _stopped(signum: int, frame: object) -> None:
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from dialog import BotDefinitionError
+    from chatcache.dialog import BotDefinitionError
 
     from . import cluster
     from .errors import ConfigError
@@ -319,7 +319,7 @@ def _check_bot(bot: str | None) -> None:
     """
     if bot is None:
         return
-    from dialog import BotDefinitionError, load_bot, shipped_bots
+    from chatcache.dialog import BotDefinitionError, load_bot, shipped_bots
 
     try:
         load_bot(bot)
@@ -334,7 +334,7 @@ def _check_bot(bot: str | None) -> None:
 
 def _train(bot_name: str, force: bool) -> int:
     """`chatcache train BOT`: 0 with the model stored (or already there), 2 for a bot that cannot be used."""
-    from dialog import BotDefinitionError, load_bot
+    from chatcache.dialog import BotDefinitionError, load_bot
 
     from .intents.trained import find_trained, training_examples
     from .intents.training import train_intent_model
@@ -359,7 +359,7 @@ def _train(bot_name: str, force: bool) -> int:
 
 
 def _list_bots() -> int:
-    from dialog import load_bot, shipped_bots
+    from chatcache.dialog import load_bot, shipped_bots
 
     for name in shipped_bots():
         intents = [intent.name for intent in load_bot(name).intents]
@@ -370,7 +370,7 @@ def _list_bots() -> int:
 
 
 def _init(name: str, parent: Path) -> int:
-    from dialog.scaffold import ScaffoldError, scaffold
+    from chatcache.dialog.scaffold import ScaffoldError, scaffold
 
     try:
         written = scaffold(name, parent)
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = getattr(args, "json", False)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from chatcache import ChatCacheError, StorageError
-    from dialog import BotDefinitionError
+    from chatcache.dialog import BotDefinitionError
 
     try:
         _check_bot(args.bot)
@@ -417,14 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.plain or not sys.stdin.isatty() or not sys.stdout.isatty():
-            from apps.plain_chat import run_plain_chat
+            from chatcache.apps.plain_chat import run_plain_chat
 
             engine = _build_engine(args)
             try:
                 return run_plain_chat(engine, args.session or "default", args.max_new_tokens, sys.stdin, sys.stdout)
             finally:
                 engine.close()
-        from apps.tui import APP_USER, run_tui
+        from chatcache.apps.tui import APP_USER, run_tui
 
         return run_tui(_engine_factory(args, APP_USER), session_id=args.session, bot=args.bot, max_new_tokens=args.max_new_tokens)
     except (ChatCacheError, StorageError, BotDefinitionError) as exc:

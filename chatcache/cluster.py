@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 import httpx
 
-from storage import default_data_dir
-from storage.engine import DATA_DIR_ENV
+from chatcache.storage import default_data_dir
+from chatcache.storage.engine import DATA_DIR_ENV
 
 from .errors import ConfigError
 from .tiers.spill_keys import GENERATED_KEY_FILE, KEY_ENV, generate_key_file, read_key_file

@@ -7,7 +7,7 @@ import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage import default_data_dir
+from chatcache.storage import default_data_dir
 
 from .errors import ConfigError
 from .model.reply_format import ReplyFormat

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dialog import (
+from chatcache.dialog import (
     ActionContext,
     ActionOutcome,
     Actions,
@@ -35,7 +35,7 @@ from dialog import (
     State,
     load_bot,
 )
-from storage import ChatSession, SessionStore
+from chatcache.storage import ChatSession, SessionStore
 
 from .answer_cache import AnswerCache, AnswerCacheConfig, BoundStatus, CacheHit, Scope, bot_fingerprint
 from .answer_cache.answering import AnswerScope, CachedAnswers

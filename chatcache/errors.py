@@ -4,7 +4,7 @@ Every error says what was wrong and what to do; none of them leaves a session ha
 Session errors come from the session tier (`storage`) and are re-exported here.
 """
 
-from storage.errors import (
+from chatcache.storage.errors import (
     CorruptDatabaseError,
     InvalidIdError,
     SessionClosedError,

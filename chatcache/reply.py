@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dialog import ActionOutcome, State
+from chatcache.dialog import ActionOutcome, State
 
 from .worker_threads import close_at_exit
 

@@ -3,7 +3,7 @@
 By default everything lives in one SQLite file, `chatcache.db`, in a data directory
 (`$CHATCACHE_DATA_DIR`, else `~/.local/share/chatcache`); any SQLAlchemy URL works too.
 
-    from storage import SessionStore
+    from chatcache.storage import SessionStore
 
     store = SessionStore.open()
     session = store.get_or_create_session("s-42", user_id="ada", bot="travel")
@@ -12,7 +12,7 @@ By default everything lives in one SQLite file, `chatcache.db`, in a data direct
 This package never imports the engine, dialogue or app layers.
 """
 
-from storage.errors import (
+from chatcache.storage.errors import (
     CorruptDatabaseError,
     InvalidIdError,
     InvalidTextError,
@@ -27,12 +27,12 @@ from storage.errors import (
     StorageError,
     UnknownSessionError,
 )
-from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
-from storage.answers import AnswerEntries, AnswerRecord
-from storage.audits import AnswerAudits, AuditRecord
-from storage.engine import default_data_dir
-from storage.leases import Lease, SessionHead
-from storage.store import DEFAULT_TTL, CommittedTurn, NewFact, SessionStore
+from chatcache.storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+from chatcache.storage.answers import AnswerEntries, AnswerRecord
+from chatcache.storage.audits import AnswerAudits, AuditRecord
+from chatcache.storage.engine import default_data_dir
+from chatcache.storage.leases import Lease, SessionHead
+from chatcache.storage.store import DEFAULT_TTL, CommittedTurn, NewFact, SessionStore
 
 __all__ = [
     "AnswerAudits",

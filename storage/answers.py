@@ -12,8 +12,8 @@ from datetime import datetime
 
 from sqlalchemy import delete, select, update
 
-from storage.database import Database
-from storage.models import AnswerEntryRow
+from chatcache.storage.database import Database
+from chatcache.storage.models import AnswerEntryRow
 
 
 @dataclass(frozen=True, slots=True)

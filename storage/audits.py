@@ -12,8 +12,8 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from storage.database import Database
-from storage.models import AnswerAuditRow
+from chatcache.storage.database import Database
+from chatcache.storage.models import AnswerAuditRow
 
 
 @dataclass(frozen=True, slots=True)

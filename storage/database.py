@@ -14,9 +14,9 @@ from sqlalchemy import URL, Delete, Update
 from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.engine import IMMEDIATE, create_storage_engine, describe, is_busy, is_corrupt
-from storage.errors import CorruptDatabaseError, StorageBusyError, StorageConfigError
-from storage.migrations import migrate
+from chatcache.storage.engine import IMMEDIATE, create_storage_engine, describe, is_busy, is_corrupt
+from chatcache.storage.errors import CorruptDatabaseError, StorageBusyError, StorageConfigError
+from chatcache.storage.migrations import migrate
 
 # A reader following a table by id (`added_after`) re-reads this many ids below the highest it
 # has seen: another process may commit a lower id after a higher one (ids are handed out

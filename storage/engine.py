@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from storage.errors import StorageConfigError
+from chatcache.storage.errors import StorageConfigError
 
 DATA_DIR_ENV = "CHATCACHE_DATA_DIR"
 DB_FILENAME = "chatcache.db"

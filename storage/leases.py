@@ -24,9 +24,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
 
-from storage.database import Database, rows_changed
-from storage.errors import SessionBusyError, StorageBusyError, UnknownSessionError
-from storage.models import MessageRow, SessionRow
+from chatcache.storage.database import Database, rows_changed
+from chatcache.storage.errors import SessionBusyError, StorageBusyError, UnknownSessionError
+from chatcache.storage.models import MessageRow, SessionRow
 
 # A replica that dies holding a session keeps it from the others this long (renewed every third).
 DEFAULT_LEASE_TTL = timedelta(seconds=10)

@@ -39,7 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
-from storage.errors import SchemaVersionError
+from chatcache.storage.errors import SchemaVersionError
 
 MIGRATION_LOCK = 0x63686174_6D696772  # "chatmigr": the PostgreSQL advisory lock key `migrate` holds
 

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+from chatcache.storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
 
 log = logging.getLogger("chatcache")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from storage.errors import InvalidIdError, InvalidTextError
+from chatcache.storage.errors import InvalidIdError, InvalidTextError
 
 ID_LENGTH = 128  # the `String(128)` of `sessions.id`, `user_id` and `bot`
 TITLE_LENGTH = 200  # the `String(200)` of `sessions.title`

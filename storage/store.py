@@ -24,21 +24,21 @@ from sqlalchemy import URL, Select, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage.answers import AnswerEntries
-from storage.audits import AnswerAudits
-from storage.database import Database, rows_changed
-from storage.engine import default_data_dir, sqlite_url
-from storage.errors import (
+from chatcache.storage.answers import AnswerEntries
+from chatcache.storage.audits import AnswerAudits
+from chatcache.storage.database import Database, rows_changed
+from chatcache.storage.engine import default_data_dir, sqlite_url
+from chatcache.storage.errors import (
     LeaseLostError,
     SessionClosedError,
     SessionExistsError,
     StaleVersionError,
     UnknownSessionError,
 )
-from storage.leases import TurnLeases
-from storage.models import FactRow, MessageRow, SessionRow
-from storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
-from storage.rules import ID_LENGTH, TITLE_LENGTH, check_id, check_text
+from chatcache.storage.leases import TurnLeases
+from chatcache.storage.models import FactRow, MessageRow, SessionRow
+from chatcache.storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
+from chatcache.storage.rules import ID_LENGTH, TITLE_LENGTH, check_id, check_text
 
 DEFAULT_TTL = timedelta(hours=24)
 DEFAULT_BUSY_TIMEOUT = 5.0

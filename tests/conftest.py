@@ -175,7 +175,7 @@ flows:
 """
 
 BANK_ACTIONS = '''
-from dialog import action
+from chatcache.dialog import action
 
 calls = []
 

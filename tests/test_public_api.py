@@ -30,7 +30,7 @@ def _classes(annotation: object) -> set[type]:
     args = typing.get_args(annotation)
     if args:
         return {c for arg in args for c in _classes(arg)}
-    if isinstance(annotation, type) and annotation.__module__.split(".")[0] in {"chatcache", "storage", "dialog"}:
+    if isinstance(annotation, type) and annotation.__module__.split(".")[0] == "chatcache":
         return {annotation}
     return set()
 

@@ -1,7 +1,7 @@
 """The demo core-banking system behind the shipped bank bot (`dialog/bots/bank/actions.py`).
 
     from decimal import Decimal
-    from apps.bank import CoreBanking
+    from chatcache.apps.bank import CoreBanking
 
     bank = CoreBanking()  # $CHATCACHE_BANK_DB, else bank_demo.sqlite in the data directory
     bank.transfer("ada", Decimal("250"), "12345678", idempotency_key="turn-7")

@@ -24,8 +24,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, OptionList
 
 from chatcache import ChatEngine, Reply, ReplyStream, StorageError
-from dialog import shipped_bots
-from storage import ChatSession
+from chatcache.dialog import shipped_bots
+from chatcache.storage import ChatSession
 
 from .export import default_export_dir, export_session
 from .screens import AskScreen, ConfirmScreen, HelpScreen, RenameScreen

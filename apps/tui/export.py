@@ -7,8 +7,8 @@ import os
 import re
 from pathlib import Path
 
-from storage import ChatSession, SessionStore, default_data_dir
-from storage import Message as StoredMessage
+from chatcache.storage import ChatSession, SessionStore, default_data_dir
+from chatcache.storage import Message as StoredMessage
 
 _SPEAKERS = {"user": "You", "assistant": "Bot", "system": "System"}
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 from . import AnswerCache, CacheHit, Scope
 from .keys import conversation_context, intent_context, normalize

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from storage import AnswerAudits, AuditRecord
-from storage.database import SYNC_OVERLAP
+from chatcache.storage import AnswerAudits, AuditRecord
+from chatcache.storage.database import SYNC_OVERLAP
 
 from .bound import interval, lower_bound
 

@@ -26,9 +26,9 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from storage import AnswerAudits, AnswerEntries, AnswerRecord
-from storage.database import SYNC_OVERLAP
-from storage.rules import text_problem
+from chatcache.storage import AnswerAudits, AnswerEntries, AnswerRecord
+from chatcache.storage.database import SYNC_OVERLAP
+from chatcache.storage.rules import text_problem
 
 from .audits import AuditLedger, BoundStatus
 from .calibration import Calibration

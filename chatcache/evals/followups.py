@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
-from dialog import OUT_OF_SCOPE, Embed, IntentClassifier, IntentReader, PreviousTurn, read_in_context
+from chatcache.dialog import OUT_OF_SCOPE, Embed, IntentClassifier, IntentReader, PreviousTurn, read_in_context
 
 from ..errors import ModelNotFoundError
 from .intent_data import IntentDataError

@@ -22,8 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from dialog import OUT_OF_SCOPE
-from dialog.training import read_labelled
+from chatcache.dialog import OUT_OF_SCOPE
+from chatcache.dialog.training import read_labelled
 
 Row = tuple[str, str]
 """One labelled query: (text, label); the label is OUT_OF_SCOPE for a query no intent fits."""

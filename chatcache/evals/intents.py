@@ -43,9 +43,9 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
-from dialog import OUT_OF_SCOPE, BotDefinition, BotDefinitionError, Embed, Intent, IntentClassifier, IntentResult, load_bot
-from dialog.classifier import PROMOTE_THRESHOLD
-from dialog.definition import ClassifierSettings
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, BotDefinitionError, Embed, Intent, IntentClassifier, IntentResult, load_bot
+from chatcache.dialog.classifier import PROMOTE_THRESHOLD
+from chatcache.dialog.definition import ClassifierSettings
 
 from ..errors import ModelNotFoundError
 from ..intents.trained import TrainedIntentClassifier, find_trained, training_examples

@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from dialog import ActionError, BotDefinitionError, load_stories
-from dialog.loader import default_stories
-from dialog.stories import ExpectedAction, Story, StoryTurn
+from chatcache.dialog import ActionError, BotDefinitionError, load_stories
+from chatcache.dialog.loader import default_stories
+from chatcache.dialog.stories import ExpectedAction, Story, StoryTurn
 
 from ..engine import ChatEngine
 from ..errors import ChatCacheError

@@ -31,8 +31,8 @@ from safetensors.torch import load_file
 from scipy.special import logsumexp
 from scipy.stats import norm
 
-from dialog import OUT_OF_SCOPE, BotDefinition, IntentResult
-from dialog.definition import TrainingSettings
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, IntentResult
+from chatcache.dialog.definition import TrainingSettings
 
 from ..config import default_data_dir
 

@@ -38,9 +38,9 @@ from safetensors.torch import save_file
 from scipy.optimize import minimize_scalar
 from torch import nn
 
-from dialog import OUT_OF_SCOPE
-from dialog.classifier import PROMOTE_THRESHOLD
-from dialog.definition import TrainingSettings
+from chatcache.dialog import OUT_OF_SCOPE
+from chatcache.dialog.classifier import PROMOTE_THRESHOLD
+from chatcache.dialog.definition import TrainingSettings
 
 from .trained import FORMAT, FamiliarityRule, familiarity, model_dir, model_key
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, message_to_dict, messages_from_dict
 
-from storage import SessionStore, UnknownSessionError
+from chatcache.storage import SessionStore, UnknownSessionError
 
 from ..model.tools import HERMES, written
 from .messages import converted

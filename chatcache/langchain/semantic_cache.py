@@ -28,7 +28,7 @@ from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.load import dumps, loads
 from langchain_core.outputs import ChatGeneration
 
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 from ..answer_cache import AnswerCache, AnswerCacheConfig, Scope, conversation_context
 from ..config import default_data_dir

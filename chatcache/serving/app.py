@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from storage import StorageError
+from chatcache.storage import StorageError
 
 from ..engine import ChatEngine, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError

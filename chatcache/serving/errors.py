@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from storage import (
+from chatcache.storage import (
     InvalidIdError,
     InvalidTextError,
     LeaseLostError,

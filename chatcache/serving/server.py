@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 from ..answer_cache import AnswerCacheConfig
 from ..config import GenerationConfig, TokenTierConfig, default_data_dir

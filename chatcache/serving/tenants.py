@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 from ..engine import ChatEngine
 from ..errors import InvalidMessageError

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dialog.state_machine import State
-from storage import Fact, Message
+from chatcache.dialog.state_machine import State
+from chatcache.storage import Fact, Message
 
 LAST_MESSAGES = 6  # the customer's messages quoted at the end
 HANDED_OFF = State.HANDED_OFF.value  # the dialogue state of a conversation a person has taken over

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from cachetools import LRUCache
 
-from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, IntentReader, State
-from dialog.state_machine import DialogueStateMachine
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, IntentReader, State
+from chatcache.dialog.state_machine import DialogueStateMachine
 
 from ..tiers.conversations import Conversation, Conversations
 from .drift import DriftConfig, DriftDetector, is_low_information, returns_to_dropped

@@ -27,9 +27,9 @@ from typing import Any
 
 from datetime import datetime, timezone
 
-from storage import Fact, FactKind, NewFact, SessionHead, SessionStore
-from storage import Message as StoredMessage
-from storage.rules import text_problem
+from chatcache.storage import Fact, FactKind, NewFact, SessionHead, SessionStore
+from chatcache.storage import Message as StoredMessage
+from chatcache.storage.rules import text_problem
 
 from ..errors import InvalidMessageError
 from ..model.prompt import Message, RenderedSegments

@@ -32,7 +32,7 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from storage import default_data_dir
+from chatcache.storage import default_data_dir
 
 from ..errors import ConfigError
 from ..first_run import produce_once

@@ -12,7 +12,7 @@ import pytest
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, LfuPlus, Scope, decay_factor
 from chatcache.answer_cache.lfu import Heat
 from chatcache.errors import ConfigError
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 BOT = Scope("model@1", "bot-a")
 

@@ -12,7 +12,7 @@ from scipy.stats import binomtest
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope
 from chatcache.answer_cache.audits import AuditLedger
 from chatcache.answer_cache.bound import interval
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 BOT = Scope("model@1", "bot-a")
 OTHER = Scope("model@1", "bot-b")

@@ -26,7 +26,7 @@ def engine(tiny_model, make_engine):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def make_app():  # type: ignore[no-untyped-def]
     """`make_app(engine, **kwargs)`: a ChatApp whose new sessions are named s-1, s-2, ..."""
-    from apps.tui import ChatApp
+    from chatcache.apps.tui import ChatApp
 
     def make(engine, **kwargs):  # type: ignore[no-untyped-def]
         counter = itertools.count(1)

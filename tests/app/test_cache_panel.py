@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.tui.widgets.cache_panel import describe_bound
+from chatcache.apps.tui.widgets.cache_panel import describe_bound
 from chatcache.answer_cache import BoundStatus
 from chatcache.answer_cache.bound import interval
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from apps.tui.widgets import ChatLog, PromptInput
+from chatcache.apps.tui.widgets import ChatLog, PromptInput
 from chatcache import ReplyStream
 
 pytestmark = pytest.mark.anyio
@@ -42,7 +42,7 @@ async def test_sending_streams_the_reply_into_the_log_and_fills_the_cache_panel(
 
 async def test_reply_text_is_the_engines_reply(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
     """The bot's message shows exactly the text the engine recorded (control characters removed)."""
-    from apps.tui.widgets.message import printable
+    from chatcache.apps.tui.widgets.message import printable
 
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from apps.tui.screens import AskScreen, HelpScreen
-from apps.tui.widgets import CachePanel, SessionList
+from chatcache.apps.tui.screens import AskScreen, HelpScreen
+from chatcache.apps.tui.widgets import CachePanel, SessionList
 from chatcache import TokenTierConfig
 
 pytestmark = pytest.mark.anyio
@@ -70,7 +70,7 @@ async def test_export_defaults_to_the_documents_folder_and_says_where(  # type: 
 
 def test_without_a_documents_folder_exports_go_to_the_data_dir(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """No ~/Documents (a server, a container): exports go under the data directory."""
-    from apps.tui.export import default_export_dir
+    from chatcache.apps.tui.export import default_export_dir
 
     monkeypatch.setenv("HOME", str(tmp_path / "bare-home"))
     monkeypatch.delenv("XDG_DOCUMENTS_DIR", raising=False)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from apps.tui.screens import ConfirmScreen, RenameScreen
-from apps.tui.widgets import ChatLog, ChatMessage, SessionList
+from chatcache.apps.tui.screens import ConfirmScreen, RenameScreen
+from chatcache.apps.tui.widgets import ChatLog, ChatMessage, SessionList
 from chatcache import TokenTierConfig
 
 pytestmark = pytest.mark.anyio
@@ -153,7 +153,7 @@ async def test_a_new_start_does_not_open_another_process_s_half_finished_session
 async def test_sessions_of_scripts_stay_out_of_the_app(tiny_model, make_engine, make_app, notices) -> None:  # type: ignore[no-untyped-def]
     """The app's engine is user "app": a session made by `chatcache ask` or a script (user "local")
     is not listed, and asking for it by id opens a new conversation with a notice on how to continue it."""
-    from apps.tui import APP_USER
+    from chatcache.apps.tui import APP_USER
 
     engine = make_engine(tiny_model, system_prompt="You are a helpful assistant.", user_id=APP_USER,
                          token_tier=TokenTierConfig(spill_dir=None))

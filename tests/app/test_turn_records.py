@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apps.tui.turns import TurnRecord
+from chatcache.apps.tui.turns import TurnRecord
 
 
 def test_a_stored_turn_shows_how_it_was_served(engine) -> None:  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.bank import CoreBanking
+from chatcache.apps.bank import CoreBanking
 
 
 class FakeClock:

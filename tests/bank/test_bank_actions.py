@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import dialog
-from apps.bank import DB_ENV, CoreBanking, demo_account_number
-from dialog import ActionContext, Actions, BotDefinition, Flow, Intent, Slot
+from chatcache import dialog
+from chatcache.apps.bank import DB_ENV, CoreBanking, demo_account_number
+from chatcache.dialog import ActionContext, Actions, BotDefinition, Flow, Intent, Slot
 
 MODULE = Path(dialog.__file__).parent / "bots" / "bank" / "actions.py"
 

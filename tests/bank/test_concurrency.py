@@ -14,8 +14,8 @@ from typing import TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from apps.bank import BankingError, CoreBanking, Receipt
-from apps.bank.tables import Customer, Transfer
+from chatcache.apps.bank import BankingError, CoreBanking, Receipt
+from chatcache.apps.bank.tables import Customer, Transfer
 
 from .conftest import FakeClock
 

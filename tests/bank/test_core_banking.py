@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from apps.bank import DB_ENV, BankingError, CardStatus, CardType, CoreBanking, TransferStatus, database_url
-from apps.bank.tables import Card, Customer, Transfer
+from chatcache.apps.bank import DB_ENV, BankingError, CardStatus, CardType, CoreBanking, TransferStatus, database_url
+from chatcache.apps.bank.tables import Card, Customer, Transfer
 from chatcache.errors import ConfigError
 
 

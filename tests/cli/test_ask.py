@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chatcache.cli import main
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 REPO = Path(__file__).resolve().parents[2]
 

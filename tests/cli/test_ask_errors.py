@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chatcache.cli import main
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 
 def ask(model_dir: Path, *args: str) -> int:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from chatcache.evals.stories import run_story
-from dialog import load_bot, load_stories
-from dialog.loader import BOTS_DIR
+from chatcache.dialog import load_bot, load_stories
+from chatcache.dialog.loader import BOTS_DIR
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from chatcache.cli import main
 from chatcache.evals import followups
 from chatcache.evals.followups import UserTurn, evaluate_followups
-from dialog import OUT_OF_SCOPE, IntentResult
+from chatcache.dialog import OUT_OF_SCOPE, IntentResult
 
 KEYWORDS = ("restaurant", "weather")
 

@@ -14,7 +14,7 @@ import pytest
 from chatcache.cli import main
 from chatcache.evals.intent_data import held_out_split
 from chatcache.evals.intents import measure, precision_at_share
-from dialog import OUT_OF_SCOPE, IntentResult
+from chatcache.dialog import OUT_OF_SCOPE, IntentResult
 
 TRAIN = {
     "lost_card": ["I have lost my card", "my card is lost", "I lost my bank card", "I cannot find my card anywhere", "where did my card go, I lost it"],

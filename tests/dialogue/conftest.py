@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dialog import BotDefinition, load_bot
+from chatcache.dialog import BotDefinition, load_bot
 
 @pytest.fixture(scope="session")
 def bot() -> BotDefinition:
@@ -69,7 +69,7 @@ flows:
 """
 
 SMALL_BANK_ACTIONS = '''
-from dialog import ActionRefused, action
+from chatcache.dialog import ActionRefused, action
 
 @action("transfer")
 def transfer(amount, currency, to_account):

@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from dialog import ActionContext, ActionError, Actions, BotDefinitionError, load_bot
-from dialog.actions import DEFAULT_ERROR_RESPONSE, UNEXPECTED_REASON
+from chatcache.dialog import ActionContext, ActionError, Actions, BotDefinitionError, load_bot
+from chatcache.dialog.actions import DEFAULT_ERROR_RESPONSE, UNEXPECTED_REASON
 
 def test_an_action_gets_typed_slots_and_its_result_fills_the_response(write_bank_bot) -> None:  # type: ignore[no-untyped-def]
     actions = Actions.load(load_bot(write_bank_bot()))
@@ -107,7 +107,7 @@ def test_a_refusal_in_an_amount_goes_before_the_flows_error_response(write_bank_
 
 
 BANK_REFUSING = '''
-from dialog import ActionRefused, action
+from chatcache.dialog import ActionRefused, action
 
 @action("transfer")
 def transfer(amount, to_account):

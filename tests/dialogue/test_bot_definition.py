@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dialog import BotDefinitionError, load_bot, parse_bot
+from chatcache.dialog import BotDefinitionError, load_bot, parse_bot
 
 GOOD = """\
 system_prompt: You are a test bot.

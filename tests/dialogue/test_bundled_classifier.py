@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dialog import OUT_OF_SCOPE, IntentClassifier
+from chatcache.dialog import OUT_OF_SCOPE, IntentClassifier
 
 
 @pytest.mark.bundled

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dialog import OUT_OF_SCOPE, IntentClassifier
+from chatcache.dialog import OUT_OF_SCOPE, IntentClassifier
 
 
 def test_example_like_text_gets_its_intent(bot, embed) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dialog import OUT_OF_SCOPE, DialogueManager, IntentClassifier, IntentResult, PreviousTurn, load_bot, read_in_context
-from dialog.classifier import FOLLOW_UP_BELOW
+from chatcache.dialog import OUT_OF_SCOPE, DialogueManager, IntentClassifier, IntentResult, PreviousTurn, load_bot, read_in_context
+from chatcache.dialog.classifier import FOLLOW_UP_BELOW
 
 PREVIOUS = PreviousTurn("can I send money abroad?", "transfer_abroad")
 FOLLOW_UP = "and how much does it cost?"

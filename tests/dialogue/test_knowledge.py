@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dialog import OUT_OF_SCOPE, BotDefinitionError, DialogueManager, IntentClassifier, load_bot
-from dialog.manager import CANCELLED_REPLY
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinitionError, DialogueManager, IntentClassifier, load_bot
+from chatcache.dialog.manager import CANCELLED_REPLY
 
 BOT = """\
 system_prompt: You are a bank's assistant.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dialog import OUT_OF_SCOPE, DialogueManager, IllegalTransitionError, IntentClassifier
-from dialog.manager import NOT_A_NUMBER
+from chatcache.dialog import OUT_OF_SCOPE, DialogueManager, IllegalTransitionError, IntentClassifier
+from chatcache.dialog.manager import NOT_A_NUMBER
 
 
 @pytest.fixture()
@@ -94,7 +94,7 @@ def test_out_of_scope_turn(manager) -> None:
 
 
 def test_a_flow_without_an_action_gives_its_fixed_response_and_is_done(write_shop_bot, embed) -> None:  # type: ignore[no-untyped-def]
-    from dialog import load_bot
+    from chatcache.dialog import load_bot
 
     bot = load_bot(write_shop_bot())
     manager = DialogueManager(bot, IntentClassifier(bot, embed))
@@ -110,7 +110,7 @@ def test_a_flow_without_an_action_gives_its_fixed_response_and_is_done(write_sho
 
 
 def test_a_fixed_response_cannot_name_an_action_result(write_shop_bot) -> None:  # type: ignore[no-untyped-def]
-    from dialog import BotDefinitionError, load_bot
+    from chatcache.dialog import BotDefinitionError, load_bot
 
     path = write_shop_bot(replace=("We are open from 9 to 5 on weekdays.", "Open {result.hours}."))
     with pytest.raises(BotDefinitionError, match="placeholder '{result}' is not a slot of 'opening_hours'"):
@@ -118,7 +118,7 @@ def test_a_fixed_response_cannot_name_an_action_result(write_shop_bot) -> None: 
 
 
 def test_a_message_no_intent_fits_gets_the_bots_fallback_outside_a_flow_only(write_shop_bot, embed) -> None:  # type: ignore[no-untyped-def]
-    from dialog import load_bot
+    from chatcache.dialog import load_bot
 
     bot = load_bot(write_shop_bot(extra="fallback: I can help with opening hours and orders. Would you like a person instead?\n"))
     manager = DialogueManager(bot, IntentClassifier(bot, embed))

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, DialogueStateMachine, EventType, IntentClassifier
-from dialog.manager import DECLINED_REPLY, OFFER_REFUSED_REPLY
-from dialog.requests import declined, two_requests
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, DialogueStateMachine, EventType, IntentClassifier
+from chatcache.dialog.manager import DECLINED_REPLY, OFFER_REFUSED_REPLY
+from chatcache.dialog.requests import declined, two_requests
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_the_same_intent_twice_is_one_request(manager: DialogueManager) -> None:
 def test_a_one_clause_request_with_and_in_a_noun_phrase_gets_one_answer(small_bank: BotDefinition, embed: Any, tmp_path: Any) -> None:
     """"conditions of my account" alone reads as the balance (the toy embedder's "my account"), so
     a split at every "and" would answer the terms and then offer the balance nobody asked for."""
-    from dialog import load_bot
+    from chatcache.dialog import load_bot
 
     terms = "  - name: terms\n    examples: ['where are the terms and conditions', 'I want to read the terms']\n    answer: Our terms are at bank.example/terms.\nslots:\n"
     path = tmp_path / "terms_bank.yaml"

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from dialog import BotDefinition, DialogueManager, IntentClassifier, SlotExtractor
-from dialog.manager import NOT_A_NUMBER
-from dialog.slots import NOT_ABOVE_ZERO
+from chatcache.dialog import BotDefinition, DialogueManager, IntentClassifier, SlotExtractor
+from chatcache.dialog.manager import NOT_A_NUMBER
+from chatcache.dialog.slots import NOT_ABOVE_ZERO
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ def test_an_amount_answer_without_figures_is_told_how_to_give_it(manager: Dialog
 
 
 def test_valid_without_invalid_is_a_bot_file_error(small_bank: BotDefinition, tmp_path: Any) -> None:
-    from dialog import BotDefinitionError, load_bot
+    from chatcache.dialog import BotDefinitionError, load_bot
 
     path = tmp_path / "small_bank.yaml"
     path.write_text(path.read_text().replace("    invalid: '{value} is a closed account; give another one.'\n", ""))

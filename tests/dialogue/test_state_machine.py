@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dialog import DialogueEvent, DialogueStateMachine, EventType, IllegalTransitionError, State, apply_with_retry
+from chatcache.dialog import DialogueEvent, DialogueStateMachine, EventType, IllegalTransitionError, State, apply_with_retry
 
 TRANSFER = DialogueEvent(
     EventType.INTENT_DETECTED,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dialog import ActionContext, ActionError, Actions, action, load_bot
-from dialog.results import ToolResults
+from chatcache.dialog import ActionContext, ActionError, Actions, action, load_bot
+from chatcache.dialog.results import ToolResults
 
 BOT = """\
 system_prompt: You are a bank's assistant.
@@ -45,7 +45,7 @@ flows:
 # One core-banking backend per module: a joint account 12345678 that both customers read.
 ACTIONS = '''
 from decimal import Decimal
-from dialog import action
+from chatcache.dialog import action
 
 balances = {{"12345678": Decimal("1000"), "87654321": Decimal("50")}}
 calls = []

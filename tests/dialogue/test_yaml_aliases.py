@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dialog import BotDefinitionError, parse_bot
+from chatcache.dialog import BotDefinitionError, parse_bot
 
 
 def laughs(levels: int) -> str:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

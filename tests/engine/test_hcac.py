@@ -10,7 +10,7 @@ import pytest
 from chatcache import TokenTierConfig
 from chatcache.steering.drift_model import SHIPPED_MODEL, load_model
 from chatcache.tiers.conversations import DIALOGUE
-from storage import SessionStore, StaleVersionError
+from chatcache.storage import SessionStore, StaleVersionError
 
 TRANSFER = "I want to transfer 200 dollars to account 12345678"
 

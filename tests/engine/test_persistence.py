@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chatcache import ChatEngine, TokenTierConfig
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 SYSTEM = "You are a test bot."
 

@@ -14,7 +14,7 @@ import torch
 from chatcache import ChatModel, TokenTierConfig, load_chat_model
 from chatcache.model import loading as models
 from chatcache.model import weights_identity as fingerprint
-from storage import default_data_dir
+from chatcache.storage import default_data_dir
 
 SYSTEM = "You are a test bot that answers questions about bookings."
 QUESTION = "What is the weather like in Paris tomorrow?"

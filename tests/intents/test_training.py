@@ -9,7 +9,7 @@ import pytest
 
 from chatcache.intents.trained import FamiliarityRule, TrainedIntentClassifier, familiarity, find_trained, load_trained, model_key, training_examples
 from chatcache.intents.training import fit_temperature, split_for_calibration, train_intent_model
-from dialog import OUT_OF_SCOPE, BotDefinition, Intent
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, Intent
 
 WORDS = {
     "lost_card": ["card lost", "lost my card", "card gone missing", "card lost again", "my card is lost", "lost card help"],
@@ -163,7 +163,7 @@ def test_the_fitted_temperature_recovers_the_one_the_labels_were_drawn_with() ->
 def test_a_calibration_share_of_nothing_is_refused_rather_than_holding_out_one_anyway() -> None:
     from pydantic import ValidationError
 
-    from dialog.definition import TrainingSettings
+    from chatcache.dialog.definition import TrainingSettings
 
     with pytest.raises(ValidationError, match="calibration_share"):
         TrainingSettings(calibration_share=0.0)

@@ -8,7 +8,7 @@ too: torch and transformers alone are gigabytes and minutes of a CI run, and wha
 missing from a wheel is our own files (data, YAML, templates), which come from the wheel only.
 A plain path in a `.pth` file adds that directory to `sys.path` without running the `.pth`
 files inside it, so the checkout's editable install stays out: the test asserts that
-`chatcache` and `dialog` are imported from the new virtualenv.
+`chatcache` and `chatcache.dialog` are imported from the new virtualenv.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.bank import demo_account_number
+from chatcache.apps.bank import demo_account_number
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,11 +54,25 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return home, env
 
 
+@pytest.mark.packaging
+def test_the_wheel_claims_one_top_level_name_beside_other_distributions_generic_ones(installed: tuple[Path, dict[str, str]]) -> None:
+    home, env = installed
+    top_level = run(["python", "-c", "from importlib.metadata import distribution; print(distribution('chatcache').read_text('top_level.txt'))"], home, env)
+    assert top_level.split() == ["chatcache"]
+    other = home.parent / "other"  # another distribution's modules named as the repository's folders are
+    for name in ("dialog", "storage", "apps"):
+        (other / name).mkdir(parents=True)
+        (other / name / "__init__.py").write_text(f"OWNER = 'other {name}'\n")
+    both = {**env, "PYTHONPATH": str(other)}
+    check = "import dialog, storage, apps; from chatcache.dialog import load_bot; print(dialog.OWNER, storage.OWNER, apps.OWNER, load_bot('bank').intents[0].name)"
+    assert run(["python", "-c", check], home, both).split()[:6] == ["other", "dialog", "other", "storage", "other", "apps"]
+
+
 @pytest.mark.bundled
 @pytest.mark.packaging
 def test_the_installed_wheel_runs_the_bank_bot_outside_the_checkout(installed: tuple[Path, dict[str, str]]) -> None:
     home, env = installed
-    where = run(["python", "-c", "import chatcache, dialog, apps; print(chatcache.__file__, dialog.__file__, apps.__file__)"], home, env)
+    where = run(["python", "-c", "from chatcache import apps, dialog, storage; print(apps.__file__, dialog.__file__, storage.__file__)"], home, env)
     assert all(str(REPO) not in path and "/venv/" in path for path in where.split()), where
     # From the examples the wheel ships: about 9 minutes on 2 quiet cores, and as long again per job
     # sharing them, so its limit only catches a hang.

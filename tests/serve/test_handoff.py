@@ -3,7 +3,7 @@ API with a summary to start from, and hands the session back."""
 
 from __future__ import annotations
 
-from dialog.manager import HANDOFF_REPLY
+from chatcache.dialog.manager import HANDOFF_REPLY
 
 
 def turn(http, session_id: str, text: str) -> dict:  # type: ignore[no-untyped-def]

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from storage import SessionStore
-from storage.engine import sqlite_url
+from chatcache.storage import SessionStore
+from chatcache.storage.engine import sqlite_url
 from tests.session_tier.fake_clock import FakeClock
 
 POSTGRES_URL = os.environ.get("CHATCACHE_TEST_POSTGRES_URL")

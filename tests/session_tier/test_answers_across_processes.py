@@ -17,8 +17,8 @@ from sqlalchemy.engine import URL
 
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope
 from chatcache.answer_cache.cache import SYNC_OVERLAP
-from storage import SessionStore
-from storage.models import AnswerEntryRow
+from chatcache.storage import SessionStore
+from chatcache.storage.models import AnswerEntryRow
 from tests.conftest import hashing_embed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ TENANT_B = Scope("model@1", "bank", tenant="tenant-b")
 STORING_REPLICA = r"""
 import sys
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope
-from storage import SessionStore
+from chatcache.storage import SessionStore
 from tests.conftest import hashing_embed
 url = sys.argv[1]
 with SessionStore(url) as store:

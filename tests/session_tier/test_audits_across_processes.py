@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, insert
 from sqlalchemy.engine import URL
 
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope
-from storage import SessionStore
-from storage.database import SYNC_OVERLAP
-from storage.models import AnswerAuditRow
+from chatcache.storage import SessionStore
+from chatcache.storage.database import SYNC_OVERLAP
+from chatcache.storage.models import AnswerAuditRow
 from tests.conftest import hashing_embed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ BANK = Scope("model@1", "bank", tenant="tenant-a")
 AUDITING_REPLICA = r"""
 import sys
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, Scope
-from storage import SessionStore
+from chatcache.storage import SessionStore
 from tests.conftest import hashing_embed
 with SessionStore(sys.argv[1]) as store:
     cache = AnswerCache(AnswerCacheConfig(similarity_threshold=0.7), hashing_embed, store.answers, audits=store.answer_audits)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage import LeaseLostError, NewFact, SessionStore, StaleVersionError
+from chatcache.storage import LeaseLostError, NewFact, SessionStore, StaleVersionError
 
 
 def _asked(store: SessionStore) -> tuple[int, int]:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from storage import (
+from chatcache.storage import (
     ChatSession,
     SessionExistsError,
     SessionStatus,

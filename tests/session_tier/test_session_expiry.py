@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import URL
 
-from storage import DEFAULT_TTL, SessionClosedError, SessionStatus, SessionStore
+from chatcache.storage import DEFAULT_TTL, SessionClosedError, SessionStatus, SessionStore
 from tests.session_tier.fake_clock import START, FakeClock
 
 

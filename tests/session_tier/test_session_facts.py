@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage import Fact, FactKind, SessionClosedError, SessionStore, UnknownSessionError
+from chatcache.storage import Fact, FactKind, SessionClosedError, SessionStore, UnknownSessionError
 from tests.session_tier.fake_clock import START, FakeClock
 
 

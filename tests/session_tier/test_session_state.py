@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage import SessionClosedError, SessionStore, StaleVersionError, UnknownSessionError
+from chatcache.storage import SessionClosedError, SessionStore, StaleVersionError, UnknownSessionError
 from tests.session_tier.fake_clock import FakeClock
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import ChatSession, SessionStore, StorageBusyError
-from storage.engine import DB_FILENAME
+from chatcache.storage import ChatSession, SessionStore, StorageBusyError
+from chatcache.storage.engine import DB_FILENAME
 
 Write = Callable[[SessionStore, ChatSession], object]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 TURNS = 40
 

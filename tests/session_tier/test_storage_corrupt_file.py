@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import CorruptDatabaseError, SessionStore
-from storage.engine import DB_FILENAME
+from chatcache.storage import CorruptDatabaseError, SessionStore
+from chatcache.storage.engine import DB_FILENAME
 
 PAGE = 4096  # SQLite's default page size, which a fresh chatcache database uses
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import SessionStore, StorageConfigError
-from storage.engine import DB_FILENAME, create_storage_engine, default_data_dir, sqlite_url
+from chatcache.storage import SessionStore, StorageConfigError
+from chatcache.storage.engine import DB_FILENAME, create_storage_engine, default_data_dir, sqlite_url
 
 
 def test_sqlite_connections_use_wal_foreign_keys_and_the_busy_timeout(tmp_path: Path) -> None:

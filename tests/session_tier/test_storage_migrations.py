@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import inspect, select
 from sqlalchemy.engine import URL, Connection
 
-from storage import SchemaVersionError, SessionStore, migrations
-from storage.engine import DB_FILENAME, create_storage_engine, sqlite_url
-from storage.migrations import MIGRATIONS, Migration
-from storage.models import Base
+from chatcache.storage import SchemaVersionError, SessionStore, migrations
+from chatcache.storage.engine import DB_FILENAME, create_storage_engine, sqlite_url
+from chatcache.storage.migrations import MIGRATIONS, Migration
+from chatcache.storage.models import Base
 
 LATEST = MIGRATIONS[-1].version
 
@@ -148,7 +148,7 @@ def test_a_version_3_database_gains_the_answer_audits_table_and_keeps_its_data(
     sessions stay, `answer_audits` appears, and an audit can be stored and read back."""
     from datetime import timezone
 
-    from storage import AuditRecord
+    from chatcache.storage import AuditRecord
 
     with monkeypatch.context() as older:
         older.setattr(migrations, "MIGRATIONS", MIGRATIONS[:3])

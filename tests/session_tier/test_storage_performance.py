@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import SessionStore
-from storage.engine import DB_FILENAME
+from chatcache.storage import SessionStore
+from chatcache.storage.engine import DB_FILENAME
 
 SESSIONS = 10_000
 MESSAGES_EACH = 20

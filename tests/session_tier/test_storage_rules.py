@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from storage import InvalidIdError, InvalidTextError, SessionStore
+from chatcache.storage import InvalidIdError, InvalidTextError, SessionStore
 
 BAD_IDS = {
     "empty": ("", "is empty"),

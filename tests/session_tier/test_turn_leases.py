@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from storage import LeaseLostError, SessionBusyError, SessionStore
-from storage.leases import TurnLeases
+from chatcache.storage import LeaseLostError, SessionBusyError, SessionStore
+from chatcache.storage.leases import TurnLeases
 from tests.session_tier.fake_clock import FakeClock
 
 

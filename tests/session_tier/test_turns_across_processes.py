@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL
 
 from chatcache import load_chat_model
 from chatcache.model.prompt import Message, PromptRenderer, RenderedSegments
-from storage import SessionStore
+from chatcache.storage import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "You are terse."

@@ -7,7 +7,7 @@ from textual.widgets.option_list import Option
 
 from chatcache.steering.handoff import HANDED_OFF
 from chatcache.tiers.conversations import stored_dialogue_state
-from storage import ChatSession
+from chatcache.storage import ChatSession
 
 AGENT_MARK = "[agent]"  # leads the label of a session a person has taken over: the handoff queue at a glance
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import ParamSpec, TypeVar
 
-from apps.bank import ARRIVAL_WORKING_DAYS, BankingError, CoreBanking, database_url, format_money
-from dialog import ActionContext, ActionRefused, action
+from chatcache.apps.bank import ARRIVAL_WORKING_DAYS, BankingError, CoreBanking, database_url, format_money
+from chatcache.dialog import ActionContext, ActionRefused, action
 
 Params = ParamSpec("Params")
 Result = TypeVar("Result")
