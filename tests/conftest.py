@@ -154,7 +154,7 @@ system_prompt: You are a bank's assistant.
 actions: {module}
 intents:
   - name: transfer_money
-    examples: ['Send 200 dollars to account 12345678', 'I want to transfer money']
+    examples: ['Send 200 dollars to account 12345674', 'I want to transfer money']
     slots: [amount, to_account]
   - name: opening_hours
     examples: ['When are you open?']

@@ -4,7 +4,7 @@
     from chatcache.apps.bank import CoreBanking
 
     bank = CoreBanking()  # $CHATCACHE_BANK_DB, else bank_demo.sqlite in the data directory
-    bank.transfer("ada", Decimal("250"), "12345678", idempotency_key="turn-7")
+    bank.transfer("ada", Decimal("250"), "12345674", idempotency_key="turn-7")
 """
 
 from .core_banking import (

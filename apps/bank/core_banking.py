@@ -82,7 +82,24 @@ def demo_account_number(user_id: str, attempt: int = 0) -> str:
     """The account number a new demo customer gets: the same in every new demo database, so a
     conversation test can name the customer's own account (the `attempt`-th, after collisions)."""
     digest = hashlib.sha256(f"{user_id}/{attempt}".encode()).digest()
-    return f"{int.from_bytes(digest[:8], 'big') % 10**8:08d}"
+    return with_check_digit(f"{int.from_bytes(digest[:8], 'big') % 10**7:07d}")
+
+
+def with_check_digit(digits: str) -> str:
+    """`digits` followed by their Luhn check digit, as the bank's account numbers end (and card
+    numbers do): a mistyped digit, or two neighbours swapped, makes a number that no account has."""
+    return digits + str((10 - _luhn_sum(digits + "0")) % 10)
+
+
+def is_account_number(number: str) -> bool:
+    """Whether `number` could be an account: 8 digits whose last checks the others."""
+    return bool(_ACCOUNT_NUMBER.fullmatch(number)) and _luhn_sum(number) % 10 == 0
+
+
+def _luhn_sum(number: str) -> int:
+    """The Luhn sum: every second digit from the right doubled, less 9 above 9, and all added."""
+    doubled = (int(digit) * 2 if position % 2 else int(digit) for position, digit in enumerate(reversed(number)))
+    return sum(value - 9 if value > 9 else value for value in doubled)
 
 
 def _utc_now() -> datetime:
@@ -127,8 +144,8 @@ class CoreBanking:
 
         Raises:
             BankingError: the amount is not positive or not covered by the balance, the
-                currency is not the bank's, or the account number is not 8 digits or is the
-                customer's own.
+                currency is not the bank's, or the account number is not 8 digits, is no
+                account's (its check digit is wrong) or is the customer's own.
         """
         cents = _cents(amount, currency)
         account_id = self._account_id(user_id)
@@ -137,6 +154,8 @@ class CoreBanking:
             account = session.get_one(Account, account_id)
             if not _ACCOUNT_NUMBER.fullmatch(to_account):
                 raise BankingError(f"An account number has 8 digits, and {to_account} does not.")
+            if not is_account_number(to_account):
+                raise BankingError(f"No account has the number {to_account}: its last digit does not check the others. Please check the number.")
             if to_account == account.number:
                 raise BankingError("That is your own account; a transfer goes to someone else's.")
             balance = _debit(session, account, cents)

@@ -29,8 +29,8 @@ STORE_ALL = AnswerCacheConfig(max_entropy_bits=100.0)
 @pytest.mark.parametrize(
     "text",
     [
-        "My name is Alice Smith and my account number is 12345678.",
-        "my account number: 87654321",
+        "My name is Alice Smith and my account number is 12345674.",
+        "my account number: 87654323",
         "I'm Bob, nice to meet you",
         "Call me Ishmael.",
         "write to me at bob.jones@example.org",
@@ -82,10 +82,10 @@ def test_a_turn_whose_context_or_question_carries_personal_data_is_not_cached(ti
     engine = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed)
     first = engine.answers.scope(_conversation("first"), TurnContext(), "What are your opening hours?")
     assert first is not None and first.scope == engine.answers.base and first.across_users  # context-free: shared
-    assert engine.answers.scope(_conversation("first"), TurnContext(), "Is account 12345678 still open?") is None
-    alice = _conversation("alice", "My account number is 12345678.", "Noted.")
+    assert engine.answers.scope(_conversation("first"), TurnContext(), "Is account 12345674 still open?") is None
+    alice = _conversation("alice", "My account number is 12345674.", "Noted.")
     assert engine.answers.scope(alice, TurnContext(), "What is my account number?") is None
-    engine.chat("alice", "My account number is 12345678.", max_new_tokens=4)
+    engine.chat("alice", "My account number is 12345674.", max_new_tokens=4)
     engine.chat("alice", "What is my account number?", max_new_tokens=4)
     assert engine.answer_cache.snapshot().lookups == 0  # neither turn reached the cache
 
@@ -102,10 +102,10 @@ def bundled_engine(make_engine, bundled_model, tmp_path: Path):  # type: ignore[
 
 
 SCENARIO = [
-    ("alice", "My name is Alice Smith and my account number is 12345678."),
+    ("alice", "My name is Alice Smith and my account number is 12345674."),
     ("alice", "Count from 1 to 5."),
     ("alice", "What is my account number?"),
-    ("bob", "My name is Bob Jones and my account number is 87654321."),
+    ("bob", "My name is Bob Jones and my account number is 87654323."),
     ("bob", "Count from 1 to 5."),
     ("bob", "What's my account number?"),
 ]
@@ -116,8 +116,8 @@ def test_the_reported_leak_through_the_engine(bundled_engine) -> None:  # type: 
     engine = bundled_engine()
     replies = {(s, t): engine.chat(s, t, max_new_tokens=24) for s, t in SCENARIO}
     bob = replies[SCENARIO[-1]]
-    assert "12345678" not in bob.text and not bob.stats.answer_cache_hit
-    assert "87654321" not in replies[SCENARIO[2]].text
+    assert "12345674" not in bob.text and not bob.stats.answer_cache_hit
+    assert "87654323" not in replies[SCENARIO[2]].text
 
 
 @pytest.mark.bundled
@@ -133,7 +133,7 @@ def test_the_reported_leak_through_langchain(bundled_engine) -> None:  # type: i
                 assert isinstance(reply, AIMessage)
                 messages.append(reply)
         replies[user] = messages[-1]
-    assert "12345678" not in str(replies["bob"].content)
+    assert "12345674" not in str(replies["bob"].content)
     assert replies["bob"].response_metadata.get("tier") != "answer"
 
 
@@ -147,7 +147,7 @@ def test_the_reported_leak_through_the_cli(bundled_model, tmp_path: Path, capsys
                      "--max-new-tokens", "24", "--json", text])
         assert code == 0
         last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert "12345678" not in last["reply"] and not last["stats"]["answer_cache_hit"]
+    assert "12345674" not in last["reply"] and not last["stats"]["answer_cache_hit"]
 
 
 @pytest.mark.bundled

@@ -110,7 +110,7 @@ async def test_switch_bot_uses_the_engine_factory(tiny_model, make_engine, make_
         await settle(pilot)
         assert app.engine.conversations.bot == "customer_service"
         assert "bot: customer_service" in app.sub_title
-        await pilot.press(*"I want to transfer 200 dollars to account 12345678", "enter")
+        await pilot.press(*"I want to transfer 200 dollars to account 12345674", "enter")
         await settle(pilot)
         dialogue = str(app.query_one("#dialogue").render())
         assert "state     CONFIRMING" in dialogue and "intent    transfer_money\n          confidence " in dialogue

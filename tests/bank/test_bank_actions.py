@@ -73,8 +73,8 @@ def test_the_shown_balance_is_kept_but_never_older_than_the_last_money_moved(act
     first = actions.perform("fetch_balance", {}, _turn(1))
     assert re.fullmatch(r"You have 2,500\.00 EUR on account \d{8}\.", first.reply) and not first.cached
     assert actions.perform("fetch_balance", {}, _turn(2)).cached, "kept: the bank was not asked again"
-    sent = actions.perform("transfer_money", {"amount": "250", "to_account": "12345678", "currency": "EUR"}, _turn(3))
-    assert sent.reply == "Sent 250.00 to 12345678, reference TR-000001; 2,250.00 left."
+    sent = actions.perform("transfer_money", {"amount": "250", "to_account": "12345674", "currency": "EUR"}, _turn(3))
+    assert sent.reply == "Sent 250.00 to 12345674, reference TR-000001; 2,250.00 left."
     after = actions.perform("fetch_balance", {}, _turn(4))
     assert not after.cached and after.result is not None and after.result["balance"] == "2,250.00"
     actions.perform("top_up", {"amount": "1000", "currency": "EUR"}, _turn(5))
@@ -85,7 +85,7 @@ def test_the_shown_balance_is_kept_but_never_older_than_the_last_money_moved(act
 
 
 def test_the_actions_act_on_the_bank_the_env_var_names(actions: Actions, bank_url: str) -> None:
-    actions.perform("transfer_money", {"amount": "1234.5", "to_account": "12345678", "currency": "EUR"}, _turn(1))
+    actions.perform("transfer_money", {"amount": "1234.5", "to_account": "12345674", "currency": "EUR"}, _turn(1))
     bank = CoreBanking(bank_url)
     try:
         assert bank.balance("ada").balance_cents == 126_550 and bank.balance("bob").balance_cents == 250_000
@@ -94,7 +94,7 @@ def test_the_actions_act_on_the_bank_the_env_var_names(actions: Actions, bank_ur
 
 
 def test_a_retried_turn_transfers_once(actions: Actions) -> None:
-    transfer = {"amount": "100", "to_account": "12345678", "currency": "EUR"}
+    transfer = {"amount": "100", "to_account": "12345674", "currency": "EUR"}
     first = actions.perform("transfer_money", transfer, _turn(1))
     retry = actions.perform("transfer_money", transfer, _turn(1))
     assert retry.result == first.result and retry.reply == first.reply
@@ -102,8 +102,8 @@ def test_a_retried_turn_transfers_once(actions: Actions) -> None:
 
 
 def test_a_retried_turn_tops_up_and_cancels_once(actions: Actions) -> None:
-    actions.perform("transfer_money", {"amount": "100", "to_account": "12345678", "currency": "EUR"}, _turn(1))
-    actions.perform("transfer_money", {"amount": "200", "to_account": "12345678", "currency": "EUR"}, _turn(2))
+    actions.perform("transfer_money", {"amount": "100", "to_account": "12345674", "currency": "EUR"}, _turn(1))
+    actions.perform("transfer_money", {"amount": "200", "to_account": "12345674", "currency": "EUR"}, _turn(2))
     for _ in range(2):
         cancelled = actions.perform("cancel_transfer", {}, _turn(3))
         topped_up = actions.perform("top_up", {"amount": "50", "currency": "EUR"}, _turn(4))
@@ -112,11 +112,11 @@ def test_a_retried_turn_tops_up_and_cancels_once(actions: Actions) -> None:
 
 
 def test_a_refused_action_tells_the_customer_the_banks_reason(actions: Actions) -> None:
-    refused = actions.perform("transfer_money", {"amount": "9999", "to_account": "12345678", "currency": "EUR"}, _turn(1))
+    refused = actions.perform("transfer_money", {"amount": "9999", "to_account": "12345674", "currency": "EUR"}, _turn(1))
     assert refused.reply == "Your balance of 2,500.00 EUR does not cover 9,999.00 EUR. transfer_money did not go through." and refused.result is None
     own = actions.perform("transfer_money", {"amount": "10", "to_account": demo_account_number("ada"), "currency": "EUR"}, _turn(2))
     assert own.reply == "That is your own account; a transfer goes to someone else's. transfer_money did not go through."
-    dollars = actions.perform("transfer_money", {"amount": "10", "to_account": "12345678", "currency": "USD"}, _turn(3))
+    dollars = actions.perform("transfer_money", {"amount": "10", "to_account": "12345674", "currency": "USD"}, _turn(3))
     assert dollars.reply == "Northwind Bank moves money in EUR only, not in USD. transfer_money did not go through."
     nothing = actions.perform("cancel_transfer", {}, _turn(4))
     assert nothing.result is None and nothing.reply.startswith("There is no transfer from the last 30 minutes")

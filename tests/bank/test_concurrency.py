@@ -48,7 +48,7 @@ def test_concurrent_transfers_never_overdraw_and_lose_no_money(bank: CoreBanking
     bank.balance("ada")
     second = CoreBanking(bank_url)
     try:
-        outcomes = _race([bank, second], lambda backend, i: backend.transfer("ada", Decimal("300"), "12345678", idempotency_key=f"turn-{i}"))
+        outcomes = _race([bank, second], lambda backend, i: backend.transfer("ada", Decimal("300"), "12345674", idempotency_key=f"turn-{i}"))
     finally:
         second.close()
     done = [o for o in outcomes if isinstance(o, Receipt)]
@@ -67,7 +67,7 @@ def test_concurrent_retries_of_one_turn_send_the_money_once(bank: CoreBanking, b
     bank.balance("ada")
     second = CoreBanking(bank_url)
     try:
-        outcomes = _race([bank, second], lambda backend, i: backend.transfer("ada", Decimal("300"), "12345678", idempotency_key="turn-1"))
+        outcomes = _race([bank, second], lambda backend, i: backend.transfer("ada", Decimal("300"), "12345674", idempotency_key="turn-1"))
     finally:
         second.close()
     assert all(isinstance(o, Receipt) for o in outcomes), outcomes
@@ -86,8 +86,8 @@ def test_concurrent_retries_of_one_top_up_pay_in_once(bank: CoreBanking, bank_ur
 
 
 def test_concurrent_retries_of_one_cancel_give_the_money_back_once(bank: CoreBanking, bank_url: str, clock: FakeClock) -> None:
-    bank.transfer("ada", Decimal("100"), "12345678")
-    bank.transfer("ada", Decimal("300"), "12345678")
+    bank.transfer("ada", Decimal("100"), "12345674")
+    bank.transfer("ada", Decimal("300"), "12345674")
     second = CoreBanking(bank_url, clock=clock)  # the transfers' own time, or they are too old to cancel
     try:
         outcomes = _race([bank, second], lambda backend, i: backend.cancel_transfer("ada", idempotency_key="turn-1"))

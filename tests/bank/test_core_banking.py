@@ -11,6 +11,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from chatcache.apps.bank import DB_ENV, BankingError, CardStatus, CardType, CoreBanking, TransferStatus, database_url
+from chatcache.apps.bank.core_banking import demo_account_number, is_account_number
 from chatcache.apps.bank.tables import Card, Customer, Transfer
 from chatcache.errors import ConfigError
 
@@ -51,24 +52,26 @@ def test_the_database_is_the_env_var_url_else_a_file_in_the_data_dir(tmp_path: P
 
 
 def test_a_transfer_moves_money_and_is_recorded(bank: CoreBanking, clock) -> None:  # type: ignore[no-untyped-def]
-    receipt = bank.transfer("ada", Decimal("250"), "12345678", idempotency_key="turn-1")
-    assert (receipt.reference, receipt.amount_cents, receipt.balance_cents, receipt.to_account) == ("TR-000001", 25_000, 225_000, "12345678")
+    receipt = bank.transfer("ada", Decimal("250"), "12345674", idempotency_key="turn-1")
+    assert (receipt.reference, receipt.amount_cents, receipt.balance_cents, receipt.to_account) == ("TR-000001", 25_000, 225_000, "12345674")
     assert bank.balance("ada").balance_cents == 225_000
     (row,) = _transfers(bank)
-    assert (row.amount_cents, row.to_account, row.status, row.created_at, row.idempotency_key) == (25_000, "12345678", TransferStatus.DONE, clock.now, "turn-1")
-    assert bank.transfer("ada", Decimal("0.01"), "12345678").balance_cents == 224_999, "cents are exact"
+    assert (row.amount_cents, row.to_account, row.status, row.created_at, row.idempotency_key) == (25_000, "12345674", TransferStatus.DONE, clock.now, "turn-1")
+    assert bank.transfer("ada", Decimal("0.01"), "12345674").balance_cents == 224_999, "cents are exact"
 
 
 @pytest.mark.parametrize(
     ("amount", "to_account", "message"),
     [
-        ("0", "12345678", "more than zero"),
-        ("-5", "12345678", "more than zero"),
-        ("NaN", "12345678", "more than zero"),
-        ("0.001", "12345678", "below the cent"),
-        ("2500.01", "12345678", r"balance of 2,500.00 EUR does not cover 2,500.01 EUR"),
-        ("1E+30", "12345678", "does not cover"),
+        ("0", "12345674", "more than zero"),
+        ("-5", "12345674", "more than zero"),
+        ("NaN", "12345674", "more than zero"),
+        ("0.001", "12345674", "below the cent"),
+        ("2500.01", "12345674", r"balance of 2,500.00 EUR does not cover 2,500.01 EUR"),
+        ("1E+30", "12345674", "does not cover"),
         ("10", "1234", "8 digits"),
+        ("10", "12345678", "No account has the number 12345678"),  # its check digit would be 4
+        ("10", "12345647", "No account has the number"),  # two neighbours swapped
     ],
 )
 def test_a_refused_transfer_changes_nothing(bank: CoreBanking, amount: str, to_account: str, message: str) -> None:
@@ -84,17 +87,27 @@ def test_a_transfer_to_ones_own_account_is_refused(bank: CoreBanking) -> None:
     assert bank.balance("ada").balance_cents == 250_000 and _transfers(bank) == []
 
 
+def test_every_new_customer_gets_a_number_that_checks_out_and_one_wrong_digit_never_does() -> None:
+    numbers = [demo_account_number(f"customer-{n}") for n in range(200)]
+    assert all(is_account_number(number) for number in numbers)
+    for number in numbers[:20]:
+        for position in range(8):
+            for digit in "0123456789":
+                typo = number[:position] + digit + number[position + 1 :]
+                assert typo == number or not is_account_number(typo)
+
+
 def test_a_retried_turn_gets_the_first_receipt_and_moves_money_once(bank: CoreBanking) -> None:
-    first = bank.transfer("ada", Decimal("100"), "12345678", idempotency_key="turn-7")
-    again = bank.transfer("ada", Decimal("100"), "12345678", idempotency_key="turn-7")
+    first = bank.transfer("ada", Decimal("100"), "12345674", idempotency_key="turn-7")
+    again = bank.transfer("ada", Decimal("100"), "12345674", idempotency_key="turn-7")
     assert again == first and bank.balance("ada").balance_cents == 240_000 and len(_transfers(bank)) == 1
-    assert bank.transfer("ada", Decimal("100"), "12345678", idempotency_key="turn-8").reference == "TR-000002"
-    assert bank.transfer("bob", Decimal("100"), "12345678", idempotency_key="turn-7").reference == "TR-000003", "keys are per account"
+    assert bank.transfer("ada", Decimal("100"), "12345674", idempotency_key="turn-8").reference == "TR-000002"
+    assert bank.transfer("bob", Decimal("100"), "12345674", idempotency_key="turn-7").reference == "TR-000003", "keys are per account"
 
 
 def test_cancelling_gives_the_latest_transfers_money_back_once(bank: CoreBanking, clock) -> None:  # type: ignore[no-untyped-def]
-    bank.transfer("ada", Decimal("100"), "12345678")
-    bank.transfer("ada", Decimal("250"), "87654321")
+    bank.transfer("ada", Decimal("100"), "12345674")
+    bank.transfer("ada", Decimal("250"), "87654323")
     cancelled = bank.cancel_transfer("ada")
     assert (cancelled.reference, cancelled.amount_cents, cancelled.balance_cents) == ("TR-000002", 25_000, 240_000)
     assert [t.status for t in _transfers(bank)] == [TransferStatus.DONE, TransferStatus.CANCELLED]
@@ -105,10 +118,10 @@ def test_cancelling_gives_the_latest_transfers_money_back_once(bank: CoreBanking
 
 
 def test_a_transfer_older_than_30_minutes_cannot_be_cancelled(bank: CoreBanking, clock) -> None:  # type: ignore[no-untyped-def]
-    bank.transfer("ada", Decimal("100"), "12345678")
+    bank.transfer("ada", Decimal("100"), "12345674")
     clock.advance(minutes=30)
     assert bank.cancel_transfer("ada").reference == "TR-000001", "30 minutes is still within"
-    bank.transfer("ada", Decimal("100"), "12345678")
+    bank.transfer("ada", Decimal("100"), "12345674")
     clock.advance(minutes=31)
     with pytest.raises(BankingError, match="could still be cancelled"):
         bank.cancel_transfer("ada")
@@ -126,7 +139,7 @@ def test_a_top_up_adds_money_up_to_its_limit(bank: CoreBanking) -> None:
 
 def test_a_retried_top_up_pays_in_once(bank: CoreBanking) -> None:
     first = bank.top_up("ada", Decimal("50"), idempotency_key="turn-3")
-    bank.transfer("ada", Decimal("10"), "12345678")
+    bank.transfer("ada", Decimal("10"), "12345674")
     again = bank.top_up("ada", Decimal("50"), idempotency_key="turn-3")
     assert again == first and first.balance_cents == 255_000, "the first receipt, balance and all"
     assert bank.balance("ada").balance_cents == 254_000
@@ -135,8 +148,8 @@ def test_a_retried_top_up_pays_in_once(bank: CoreBanking) -> None:
 
 
 def test_a_retried_cancel_cancels_one_transfer_only(bank: CoreBanking) -> None:
-    bank.transfer("ada", Decimal("100"), "12345678")
-    bank.transfer("ada", Decimal("250"), "87654321")
+    bank.transfer("ada", Decimal("100"), "12345674")
+    bank.transfer("ada", Decimal("250"), "87654323")
     first = bank.cancel_transfer("ada", idempotency_key="turn-9")
     again = bank.cancel_transfer("ada", idempotency_key="turn-9")
     assert again == first and (first.reference, first.balance_cents) == ("TR-000002", 240_000)
@@ -148,7 +161,7 @@ def test_a_retried_cancel_cancels_one_transfer_only(bank: CoreBanking) -> None:
 def test_a_refused_cancel_leaves_its_key_free(bank: CoreBanking) -> None:
     with pytest.raises(BankingError, match="no transfer"):
         bank.cancel_transfer("ada", idempotency_key="turn-1")
-    bank.transfer("ada", Decimal("100"), "12345678")
+    bank.transfer("ada", Decimal("100"), "12345674")
     assert bank.cancel_transfer("ada", idempotency_key="turn-1").balance_cents == 250_000, "a refusal recorded nothing"
 
 

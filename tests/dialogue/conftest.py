@@ -24,7 +24,7 @@ intents:
   - name: transfer_money
     description: a transfer
     slots: [amount, currency, to_account]
-    examples: ['I want to send money', 'transfer money to another account', 'send 50 euros to account 12345678']
+    examples: ['I want to send money', 'transfer money to another account', 'send 50 euros to account 12345674']
   - name: block_card
     description: blocking your card
     examples: ['block my card', 'please block my card now', 'freeze and block my bank card']

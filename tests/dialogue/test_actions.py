@@ -14,12 +14,12 @@ def test_an_action_gets_typed_slots_and_its_result_fills_the_response(write_bank
     actions = Actions.load(load_bot(write_bank_bot()))
     assert actions is not None
     who = ActionContext("acme", "alice", "s1", "s1:3")
-    outcome = actions.perform("transfer_money", {"amount": "200", "to_account": "12345678"}, who)
-    assert outcome.reply == "Sent 200 to 12345678, reference T-1."
+    outcome = actions.perform("transfer_money", {"amount": "200", "to_account": "12345674"}, who)
+    assert outcome.reply == "Sent 200 to 12345674, reference T-1."
     assert outcome.result == {"reference": "T-1"} and outcome.error is None
-    assert outcome.arguments == {"amount": "200", "to_account": "12345678"}
+    assert outcome.arguments == {"amount": "200", "to_account": "12345674"}
     (amount, account, context), = actions["transfer"].__globals__["calls"]
-    assert amount == Decimal("200") and isinstance(amount, Decimal) and account == "12345678" and context == who
+    assert amount == Decimal("200") and isinstance(amount, Decimal) and account == "12345674" and context == who
 
 
 def test_a_failing_action_gets_its_error_response_and_is_logged(write_bank_bot, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
@@ -102,7 +102,7 @@ def test_a_refusal_in_an_amount_goes_before_the_flows_error_response(write_bank_
     """The conftest bank bot's `error_response` has no {reason}: the refusal goes first."""
     actions = Actions.load(load_bot(write_bank_bot(actions=BANK_REFUSING)))
     assert actions is not None
-    refused = actions.perform("transfer_money", {"amount": "5000", "to_account": "12345678"}, WHO)
+    refused = actions.perform("transfer_money", {"amount": "5000", "to_account": "12345674"}, WHO)
     assert refused.reply == "Your balance of 200.00 does not cover 5000. The transfer of 5000 did not go through."
 
 

@@ -16,7 +16,7 @@ def test_minilm_recognises_clear_requests_and_rejects_unrelated_ones(bot) -> Non
     classifier = IntentClassifier(bot, lambda texts: model.encode(texts, normalize_embeddings=True))
     clear = {
         "How much money is in my account?": "check_balance",
-        "I'd like to send 300 dollars to account 12345678": "transfer_money",
+        "I'd like to send 300 dollars to account 12345674": "transfer_money",
         "My debit card has been stolen": "report_lost_card",
         "What time does your branch open on Monday?": "opening_hours",
     }

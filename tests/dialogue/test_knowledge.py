@@ -22,7 +22,7 @@ intents:
     examples: ['what rate do you use to exchange money']
   - name: make_transfer
     slots: [amount, to_account]
-    examples: ['I want to send money to someone', 'send 200 to account 12345678']
+    examples: ['I want to send money to someone', 'send 200 to account 12345674']
 slots:
   - name: to_account
     pattern: '(?<![\\d.,])(\\d{{8}})(?![\\d.,])'
@@ -65,7 +65,7 @@ def test_examples_come_from_the_file_first_per_intent_after_the_intents_own(tmp_
     bot = load_bot(write(tmp_path))
     assert bot.intent("card_arrival").examples == ["My card has not arrived yet, where is it?", "When will my new card arrive"]
     assert bot.intent("exchange_rate").examples == ["what rate do you use to exchange money", "what exchange rate do you use"]
-    assert bot.intent("make_transfer").examples == ["I want to send money to someone", "send 200 to account 12345678"]
+    assert bot.intent("make_transfer").examples == ["I want to send money to someone", "send 200 to account 12345674"]
 
 
 def test_the_examples_path_reads_the_environment_with_a_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,11 +133,11 @@ def test_a_question_no_intent_fits_is_left_to_the_model(bot, toy_embed) -> None:
 
 def test_a_new_value_at_the_confirmation_corrects_the_slot(bot, toy_embed) -> None:  # type: ignore[no-untyped-def]
     manager = DialogueManager(bot, IntentClassifier(bot, toy_embed), promote_threshold=1.0)
-    asked = manager.handle(None, "send 200 to account 12345678")
-    assert asked.prompt == "Send 200 to 12345678?"
+    asked = manager.handle(None, "send 200 to account 12345674")
+    assert asked.prompt == "Send 200 to 12345674?"
     corrected = manager.handle(asked.state, "no, make it 300")
     assert corrected.state["state"] == "CONFIRMING" and corrected.state["slots"]["amount"] == "300"
-    assert corrected.prompt == "Send 300 to 12345678?"
+    assert corrected.prompt == "Send 300 to 12345674?"
     declined = manager.handle(corrected.state, "no")
     assert declined.state["state"] == "IDLE" and declined.prompt == CANCELLED_REPLY and declined.action is None
 

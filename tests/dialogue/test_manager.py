@@ -25,9 +25,9 @@ def test_flow_asks_each_missing_slot_then_confirms_then_acts(bot, embed) -> None
     assert second.state["slots"] == {"amount": "250"}
     assert second.prompt == "What is the 8-digit number of the account it should go to?"
 
-    third = manager.handle(second.state, "it's 12345678")
+    third = manager.handle(second.state, "it's 12345674")
     assert third.state["state"] == "CONFIRMING"
-    assert third.prompt == "Shall I transfer 250 to account 12345678?"
+    assert third.prompt == "Shall I transfer 250 to account 12345674?"
     assert not third.confirmed
 
     fourth = manager.handle(third.state, "yes please")
@@ -36,8 +36,8 @@ def test_flow_asks_each_missing_slot_then_confirms_then_acts(bot, embed) -> None
 
 
 def test_slots_given_up_front_are_not_asked_for(manager) -> None:
-    decision = manager.handle(None, "transfer 40 to account 87654321")
-    assert decision.state["slots"] == {"amount": "40", "to_account": "87654321"}
+    decision = manager.handle(None, "transfer 40 to account 87654323")
+    assert decision.state["slots"] == {"amount": "40", "to_account": "87654323"}
     assert decision.state["state"] == "CONFIRMING"
 
 

@@ -15,9 +15,9 @@ from chatcache.dialog.slots import NOT_ABOVE_ZERO
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("Send 200 dollars to account 12345678", {"amount": "200", "to_account": "12345678"}),
-        ("wire $1,250.5 to 87654321 please", {"amount": "1250.50", "to_account": "87654321"}),
-        ("12345678", {"to_account": "12345678"}),
+        ("Send 200 dollars to account 12345674", {"amount": "200", "to_account": "12345674"}),
+        ("wire $1,250.5 to 87654323 please", {"amount": "1250.50", "to_account": "87654323"}),
+        ("12345674", {"to_account": "12345674"}),
         ("75", {"amount": "75"}),
         ("€30.25", {"amount": "30.25"}),
         ("I want to transfer money", {}),
@@ -35,7 +35,7 @@ def test_value_list_is_case_insensitive_whole_word_and_canonical(bot) -> None:
 
 
 def test_only_the_named_slots_are_extracted(bot) -> None:
-    assert SlotExtractor(bot).extract("200 to 12345678 on my debit card", ["card_type"]) == {"card_type": "debit"}
+    assert SlotExtractor(bot).extract("200 to 12345674 on my debit card", ["card_type"]) == {"card_type": "debit"}
     assert SlotExtractor(bot).extract("200 on my debit card") == {"amount": "200", "card_type": "debit"}
 
 
@@ -57,7 +57,7 @@ def test_only_the_named_slots_are_extracted(bot) -> None:
         ("€30", "EUR"),
         ("100 chf", "CHF"),
         ("5000 yen", "JPY"),
-        ("send 50 to account 12345678", None),
+        ("send 50 to account 12345674", None),
     ],
 )
 def test_a_currency_is_read_from_its_sign_word_or_code(small_bank: BotDefinition, text: str, currency: str | None) -> None:
@@ -89,8 +89,8 @@ def test_zero_or_less_is_refused_and_a_currency_not_valid_takes_the_amount_with_
     assert extractor.checked({"amount": "0"}) == ({}, NOT_ABOVE_ZERO.format(value="0"))
     assert extractor.checked({"amount": "-50.00"}) == ({}, "An amount has to be more than zero, and -50.00 is not.")
     assert extractor.checked({"amount": "0.01", "currency": "EUR"}) == ({"amount": "0.01", "currency": "EUR"}, None)
-    assert extractor.checked({"amount": "50", "currency": "USD", "to_account": "12345678"}) == (
-        {"to_account": "12345678"},
+    assert extractor.checked({"amount": "50", "currency": "USD", "to_account": "12345674"}) == (
+        {"to_account": "12345674"},
         "We send euros only, not USD.",
     )
     assert extractor.checked({"to_account": "99999999"}) == ({}, "99999999 is a closed account; give another one.")
@@ -106,20 +106,20 @@ def test_a_default_fills_its_slot_and_is_never_asked(manager: DialogueManager) -
     assert asked.state["slots"] == {"currency": "EUR"} and asked.prompt == "How much would you like to send?"
     account = manager.handle(asked.state, "50")
     assert account.prompt == "To which account?"
-    confirm = manager.handle(account.state, "12345678")
-    assert confirm.prompt == "Send 50 EUR to 12345678?"
+    confirm = manager.handle(account.state, "12345674")
+    assert confirm.prompt == "Send 50 EUR to 12345674?"
 
 
 def test_a_currency_said_overrides_the_default(manager: DialogueManager) -> None:
-    decision = manager.handle(None, "send 50 euros to account 12345678")
-    assert decision.state["slots"] == {"currency": "EUR", "amount": "50", "to_account": "12345678"}
+    decision = manager.handle(None, "send 50 euros to account 12345674")
+    assert decision.state["slots"] == {"currency": "EUR", "amount": "50", "to_account": "12345674"}
 
 
 def test_a_refused_value_says_why_and_the_flow_asks_again(manager: DialogueManager) -> None:
-    dollars = manager.handle(None, "send 50 dollars to account 12345678")
+    dollars = manager.handle(None, "send 50 dollars to account 12345674")
     assert dollars.prompt == "We send euros only, not USD.\n\nHow much would you like to send?"
     assert "amount" not in dollars.state["slots"] and dollars.state["slots"]["currency"] == "EUR"  # never sent as 50 EUR
-    negative = manager.handle(None, "send -50 to account 12345678")
+    negative = manager.handle(None, "send -50 to account 12345674")
     assert negative.prompt == "An amount has to be more than zero, and -50 is not.\n\nHow much would you like to send?"
     closed = manager.handle(None, "send 50 to account 99999999")
     assert closed.prompt == "99999999 is a closed account; give another one.\n\nTo which account?"

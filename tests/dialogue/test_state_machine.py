@@ -29,7 +29,7 @@ def test_full_flow_collects_slots_confirms_acts_and_finishes() -> None:
     for event in [
         TRANSFER,
         DialogueEvent(EventType.SLOT_FILLED, {"slots": {"amount": "200"}}, "turn-2"),
-        DialogueEvent(EventType.SLOT_FILLED, {"slots": {"to_account": "12345678"}}, "turn-3"),
+        DialogueEvent(EventType.SLOT_FILLED, {"slots": {"to_account": "12345674"}}, "turn-3"),
         DialogueEvent(EventType.CONFIRMED, event_id="turn-4"),
         DialogueEvent(EventType.ACTED, event_id="act-1"),
     ]:
@@ -38,7 +38,7 @@ def test_full_flow_collects_slots_confirms_acts_and_finishes() -> None:
     assert seen == [
         State.IDLE, State.COLLECTING_SLOTS, State.COLLECTING_SLOTS, State.CONFIRMING, State.ACTING, State.DONE
     ]
-    assert machine.slots == {"amount": "200", "to_account": "12345678"}
+    assert machine.slots == {"amount": "200", "to_account": "12345674"}
     assert machine.intent == "transfer_money" and machine.confirmed
     assert machine.version == 5
 
@@ -59,7 +59,7 @@ def test_intent_with_all_slots_and_no_confirmation_goes_straight_to_acting() -> 
 
 
 def test_denial_cancels_the_flow() -> None:
-    filled = DialogueEvent(EventType.SLOT_FILLED, {"slots": {"amount": "5", "to_account": "12345678"}})
+    filled = DialogueEvent(EventType.SLOT_FILLED, {"slots": {"amount": "5", "to_account": "12345674"}})
     machine = run(TRANSFER, filled, DialogueEvent(EventType.DENIED))
     assert machine.state == State.IDLE and machine.intent is None
 
@@ -81,7 +81,7 @@ def test_same_event_twice_is_a_no_op() -> None:
     assert machine.apply(TRANSFER) is False
     assert machine.to_dict() == before
     # A replayed confirmation must not be rejected as illegal once the flow moved on.
-    machine.apply(DialogueEvent(EventType.SLOT_FILLED, {"slots": {"amount": "1", "to_account": "12345678"}}))
+    machine.apply(DialogueEvent(EventType.SLOT_FILLED, {"slots": {"amount": "1", "to_account": "12345674"}}))
     confirm = DialogueEvent(EventType.CONFIRMED, event_id="t9")
     assert machine.apply(confirm) is True
     assert machine.apply(confirm) is False
@@ -170,7 +170,7 @@ def test_same_event_id_is_a_replay_even_with_another_payload() -> None:
 
 
 def test_a_waiting_second_request_and_its_offer_survive_the_round_trip() -> None:
-    waiting = DialogueEvent(EventType.INTENT_DETECTED, {**TRANSFER.payload, "slots": {"amount": "5", "to_account": "12345678"}, "confirm": False, "waiting": "block my card"}, "t1")
+    waiting = DialogueEvent(EventType.INTENT_DETECTED, {**TRANSFER.payload, "slots": {"amount": "5", "to_account": "12345674"}, "confirm": False, "waiting": "block my card"}, "t1")
     machine = run(waiting)
     assert (machine.state, machine.waiting, machine.offered) == (State.ACTING, "block my card", None)
     restored = DialogueStateMachine.from_dict(json.loads(json.dumps(machine.to_dict())))

@@ -14,10 +14,10 @@ system_prompt: You are a bank's assistant.
 actions: {module}
 intents:
   - name: transfer_money
-    examples: ['Send 200 dollars to account 12345678']
+    examples: ['Send 200 dollars to account 12345674']
     slots: [amount, to_account]
   - name: account_balance
-    examples: ['What is the balance of account 12345678?']
+    examples: ['What is the balance of account 12345674?']
     slots: [account]
 slots:
   - name: amount
@@ -42,12 +42,12 @@ flows:
     response: Account {{account}} holds {{result.balance}}.
 """
 
-# One core-banking backend per module: a joint account 12345678 that both customers read.
+# One core-banking backend per module: a joint account 12345674 that both customers read.
 ACTIONS = '''
 from decimal import Decimal
 from chatcache.dialog import action
 
-balances = {{"12345678": Decimal("1000"), "87654321": Decimal("50")}}
+balances = {{"12345674": Decimal("1000"), "87654323": Decimal("50")}}
 calls = []
 
 @action("balance"{balance})
@@ -59,9 +59,9 @@ def balance(account, context):
 def transfer(amount, to_account, context):
     calls.append(("transfer", to_account, context.user_id))
     if to_account == "00000000":
-        balances["12345678"] -= amount  # the money left before the backend failed
+        balances["12345674"] -= amount  # the money left before the backend failed
         raise RuntimeError("the core banking system timed out")
-    balances["12345678"] -= amount
+    balances["12345674"] -= amount
     balances[to_account] += amount
     return {{}}
 '''
@@ -76,7 +76,7 @@ def _actions(tmp_path: Path, name: str, balance: str = "", transfer: str = "") -
     return actions
 
 
-def _balance(actions: Actions, user: str, account: str = "12345678", tenant: str = "acme"):  # type: ignore[no-untyped-def]
+def _balance(actions: Actions, user: str, account: str = "12345674", tenant: str = "acme"):  # type: ignore[no-untyped-def]
     return actions.perform("account_balance", {"account": account}, ActionContext(tenant, user, "s", "k"))
 
 
@@ -94,10 +94,10 @@ def test_kept_results_answer_as_calling_every_time_would_and_transfers_invalidat
         lambda a: _balance(a, "alice"),  # kept
         lambda a: _balance(a, "bob"),  # another user: never alice's kept result
         lambda a: _balance(a, "alice", tenant="other"),  # another tenant: neither
-        lambda a: _balance(a, "alice", account="87654321"),  # other arguments
-        lambda a: _transfer(a, "alice", "87654321"),
+        lambda a: _balance(a, "alice", account="87654323"),  # other arguments
+        lambda a: _transfer(a, "alice", "87654323"),
         lambda a: _balance(a, "bob"),  # the joint account changed: bob's kept balance was dropped
-        lambda a: _balance(a, "alice", account="87654321"),
+        lambda a: _balance(a, "alice", account="87654323"),
         lambda a: _transfer(a, "bob", "00000000", amount="5"),  # failed, after moving money
         lambda a: _balance(a, "alice"),
     ]
@@ -112,7 +112,7 @@ def test_kept_results_answer_as_calling_every_time_would_and_transfers_invalidat
     assert _balance(cached, "alice").cached  # kept again after the last read
     now[0] += 61
     expired = _balance(cached, "alice")
-    assert not expired.cached and expired.reply == "Account 12345678 holds 795."
+    assert not expired.cached and expired.reply == "Account 12345674 holds 795."
     assert cached.results.stats.hits == 2 and cached.results.stats.invalidated > 0
 
 
@@ -145,9 +145,9 @@ def test_a_kept_result_in_a_turn_says_so_and_the_model_never_runs(make_engine, t
         tiny_model, bot=bot, embedder=toy_embed, store=f"sqlite:///{tmp_path}/bank.db",
         token_tier=TokenTierConfig(spill_dir=None), tenant="acme", user_id="alice",
     )  # fmt: skip
-    question = "What is the balance of account 12345678?"
+    question = "What is the balance of account 12345674?"
     first, second = engine.chat("s", question, max_new_tokens=8), engine.chat("s", question, max_new_tokens=8)
-    assert first.text == second.text == "Account 12345678 holds 1000."
+    assert first.text == second.text == "Account 12345674 holds 1000."
     assert first.action is not None and not first.action.cached
     assert second.action is not None and second.action.cached and second.stats.tier == "action"
     assert second.stats.generated_tokens == 0

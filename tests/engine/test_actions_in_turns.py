@@ -6,7 +6,7 @@ import pytest
 
 from chatcache import TokenTierConfig
 
-ASK = "Send 200 dollars to account 12345678"
+ASK = "Send 200 dollars to account 12345674"
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def test_a_confirmed_flow_runs_its_action_and_replies_with_its_response(bank) ->
     asked = engine.chat("s", ASK, max_new_tokens=8)
     assert asked.dialogue_state == "CONFIRMING" and asked.action is None
     done = engine.chat("s", "yes, do it", max_new_tokens=8)
-    assert done.text == "Sent 200 to 12345678, reference T-1."
+    assert done.text == "Sent 200 to 12345674, reference T-1."
     assert done.stats.tier == "action" and done.stats.generated_tokens == 0  # the model did not run
     assert done.action is not None and done.action.result == {"reference": "T-1"}
     assert done.dialogue_state == "DONE"

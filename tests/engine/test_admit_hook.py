@@ -9,7 +9,7 @@ import pytest
 from chatcache import TokenTierConfig
 
 TURNS = [
-    "I want to transfer 200 dollars to account 12345678",
+    "I want to transfer 200 dollars to account 12345674",
     "yes, do it",
     "What are your opening hours on Saturday?",
     "And on Sunday, are you open then?",

@@ -12,7 +12,7 @@ from chatcache.steering.drift_model import SHIPPED_MODEL, load_model
 from chatcache.tiers.conversations import DIALOGUE
 from chatcache.storage import SessionStore, StaleVersionError
 
-TRANSFER = "I want to transfer 200 dollars to account 12345678"
+TRANSFER = "I want to transfer 200 dollars to account 12345674"
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_flow_asks_for_confirmation_without_running_the_model(bank) -> None:  # 
     reply = engine.chat("s", TRANSFER, max_new_tokens=8)
     assert reply.intent == "transfer_money" and reply.dialogue_state == "CONFIRMING"
     assert reply.stats.tier == "dialog" and reply.stats.generated_tokens == 0
-    assert "200" in reply.text and "12345678" in reply.text
+    assert "200" in reply.text and "12345674" in reply.text
     session = engine.store.get_session("s")
     assert session.state[DIALOGUE]["state"] == "CONFIRMING"
     assert session.state["flow_active"] is True
@@ -44,13 +44,13 @@ def test_confirmed_intent_is_promoted_and_remembered_after_a_restart(bank, tmp_p
     reply = engine.chat("s", "yes, do it", max_new_tokens=8)
     assert reply.stats.tier != "dialog"  # the model answers once the flow acts
     facts = {(f.kind.value, f.name): f.value for f in engine.store.facts("s")}
-    assert facts == {("intent", "current"): "transfer_money", ("slot", "amount"): "200", ("slot", "to_account"): "12345678"}
+    assert facts == {("intent", "current"): "transfer_money", ("slot", "amount"): "200", ("slot", "to_account"): "12345674"}
     assert engine.store.get_session("s").version > before
     assert engine.store.get_session("s").state[DIALOGUE]["state"] == "DONE"
     engine.close()
     restarted = bank()
     conversation = restarted.conversations.open("s", create=False)
-    assert conversation.system is not None and "to_account: 12345678" in conversation.system.content
+    assert conversation.system is not None and "to_account: 12345674" in conversation.system.content
     follow_up = restarted.chat("s", "and what was the amount again", max_new_tokens=8)
     assert follow_up.stats.tier == "disk"  # the facts are in the prompt the spilled KV was built on
 
@@ -131,7 +131,7 @@ def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> No
     first = engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
     assert not first.stats.drift
     engine.turn_tier.put("s", "old-topic-note", "kept for this topic only")
-    switched = engine.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6)
+    switched = engine.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6)
     assert switched.stats.drift
     assert engine.turn_tier.get("s", "old-topic-note") is None
     conversation = engine.conversations.open("s", create=False)
@@ -149,7 +149,7 @@ def test_a_turn_back_on_the_dropped_topic_undoes_the_drift_reset(bank) -> None: 
     keeps that across a restart of the process."""
     engine = bank(drift=True)
     engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
-    assert engine.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6).stats.drift
+    assert engine.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6).stats.drift
     assert engine.store.get_session("s").state["reset_from"] == 0
     engine.close()
     restarted = bank(drift=True)
@@ -164,7 +164,7 @@ def test_a_turn_back_on_the_dropped_topic_undoes_the_drift_reset(bank) -> None: 
 def test_a_turn_on_the_new_topic_makes_the_drift_reset_final(bank) -> None:  # type: ignore[no-untyped-def]
     engine = bank(drift=True)
     engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
-    assert engine.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6).stats.drift
+    assert engine.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6).stats.drift
     follow = engine.chat("s", "Send the money from my checking account", max_new_tokens=6)
     assert not follow.stats.drift_undone and not follow.stats.drift
     state = engine.store.get_session("s").state
@@ -197,7 +197,7 @@ def test_a_new_process_judges_drift_against_the_stored_topic(bank) -> None:  # t
     first.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
     first.close()
     restarted = bank(drift=True)
-    switched = restarted.chat("s", "Please send 200 dollars to account 12345678", max_new_tokens=6)
+    switched = restarted.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6)
     assert switched.stats.drift  # not taken for the conversation's first turn
     assert restarted.conversations.open("s", create=False).context_start == 2
 

@@ -110,7 +110,7 @@ def test_answers_from_the_answer_cache_and_the_dialogue_never_reach_the_server(
     mark = llama_server.mark()
     second = bob.chat("bob-1", question, max_new_tokens=96)
     assert second.stats.tier == "answer" and second.text == first.text
-    flow = [bob.chat("bob-2", text, max_new_tokens=48) for text in ["I want to transfer money", "200", "12345678", "yes"]]
+    flow = [bob.chat("bob-2", text, max_new_tokens=48) for text in ["I want to transfer money", "200", "12345674", "yes"]]
     assert llama_server.requests_since(mark) == []
     assert [r.stats.tier for r in flow] == ["dialog", "dialog", "dialog", "action"]
     assert flow[-1].text.startswith("Sent 200")

@@ -26,8 +26,8 @@ from chatcache.errors import ConfigError
 
 SYSTEM = "You are a test bot."
 TURNS = ["Hello there", "Book a table for two"]
-OLD_KEY = b"old-key-0123456789abcdef0123456789"
-NEW_KEY = b"new-key-0123456789abcdef0123456789"
+OLD_KEY = b"old-key-0123456749abcdef0123456749"
+NEW_KEY = b"new-key-0123456749abcdef0123456749"
 
 
 def unsigned_checksum(tensors: dict[str, torch.Tensor]) -> str:

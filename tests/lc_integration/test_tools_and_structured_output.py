@@ -467,15 +467,15 @@ def test_a_template_with_mistral_calls_gets_lists_of_calls_with_ids(mistral_mode
     assert isinstance(answered.content, str) and not answered.tool_calls
     assert answered.usage_metadata["input_token_details"]["cache_read"] > called.usage_metadata["input_tokens"] // 2
 
-    elsewhere = AIMessage("", tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "call_0123456789abcdef"}])
-    result = ToolMessage("3", tool_call_id="call_0123456789abcdef", name="add")
+    elsewhere = AIMessage("", tool_calls=[{"name": "add", "args": {"a": 1, "b": 2}, "id": "call_0123456749abcdef"}])
+    result = ToolMessage("3", tool_call_id="call_0123456749abcdef", name="add")
     ours = written(to_chatcache([system, question, elsewhere, result]), engine.call_syntax)
     expected = native_ids(structured(elsewhere.tool_calls, [result]))
     assert engine.renderer.with_tools([ADD_SPEC]).conversation_ids(ours, RenderedSegments()) == expected
 
 
 def test_calls_in_a_list_syntax_round_trip_and_a_list_cut_inside_a_call_is_refused() -> None:
-    calls = [ToolCall("add", {"a": 1, "b": 2}, "a1b2c3d4e"), ToolCall("add", {"a": 3, "b": 4}, "call_0123456789")]
+    calls = [ToolCall("add", {"a": 1, "b": 2}, "a1b2c3d4e"), ToolCall("add", {"a": 3, "b": 4}, "call_0123456749")]
     text = calls_text(calls, MISTRAL_SYNTAX)
     short = calls_text([calls[1]], MISTRAL_SYNTAX)[len("[TOOL_CALLS][") : -1]
     assert text == '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}, "id": "a1b2c3d4e"}, ' + short + "]"

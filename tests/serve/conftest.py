@@ -17,8 +17,8 @@ import pytest
 
 from chatcache.serving import BackgroundServer, ServeSettings, create_app, served_model_id
 
-KEY_A = "key-tenant-a-0123456789"
-KEY_B = "key-tenant-b-0123456789"
+KEY_A = "key-tenant-a-0123456749"
+KEY_B = "key-tenant-b-0123456749"
 
 
 @dataclass

@@ -32,7 +32,7 @@ def test_a_session_lives_through_the_sessions_api(serve) -> None:  # type: ignor
 
 def test_without_a_valid_key_nothing_is_served(serve, keys_file) -> None:  # type: ignore[no-untyped-def]
     live = serve(api_key_file=keys_file, answer_cache=False, drift=False)
-    with live.client() as anonymous, live.client("key-nobody-has-0123456789") as wrong:
+    with live.client() as anonymous, live.client("key-nobody-has-0123456749") as wrong:
         for http in (anonymous, wrong):
             for method, path, body in (
                 ("GET", "/v1/models", None),
@@ -50,7 +50,7 @@ def test_without_a_valid_key_nothing_is_served(serve, keys_file) -> None:  # typ
 def test_tenants_never_see_each_others_sessions_even_with_the_same_id(serve, keys_file) -> None:  # type: ignore[no-untyped-def]
     live = serve(api_key_file=keys_file, answer_cache=False, drift=False)
     with live.client(KEY_A) as a, live.client(KEY_B) as b:
-        body = {"model": live.model_id, "messages": [{"role": "user", "content": "My account number is 12345678"}], "max_tokens": 4}
+        body = {"model": live.model_id, "messages": [{"role": "user", "content": "My account number is 12345674"}], "max_tokens": 4}
         assert a.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "shared"}).status_code == 200
         assert b.get("/v1/sessions/shared").status_code == 404
         assert b.get("/v1/sessions").json()["data"] == []
@@ -62,7 +62,7 @@ def test_tenants_never_see_each_others_sessions_even_with_the_same_id(serve, key
         assert answered.json()["usage"]["prompt_tokens"] < 60  # B's own new conversation: A's turn is not in it
         mine = a.get("/v1/sessions/shared").json()["messages"]
         theirs = b.get("/v1/sessions/shared").json()["messages"]
-        assert mine[0]["content"] == "My account number is 12345678"
+        assert mine[0]["content"] == "My account number is 12345674"
         assert theirs[0]["content"] == "Hello" and len(theirs) == 2
 
 

@@ -114,7 +114,7 @@ def test_spilled_kv_is_signed_with_the_kv_key_file(serve, tmp_path: Path) -> Non
     from chatcache.tiers.kv_spill import _key_id
 
     shared, key_file = tmp_path / "shared-kv", tmp_path / "kv.key"
-    key = b"replica-key-0123456789abcdef0123456789"
+    key = b"replica-key-0123456749abcdef0123456749"
     key_file.write_text(key.decode() + "\n")
     key_file.chmod(0o600)
     live = serve(kv_dir=shared, kv_key_file=key_file)
