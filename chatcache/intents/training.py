@@ -12,8 +12,9 @@ texts: 2.61 s at 64 tokens against 2.24 s padded to the batch's longest, measure
 
 A share of each intent's examples is held out from training and used for two things only: the
 temperature that makes the head's probabilities calibrated (minimising their negative
-log-likelihood on those examples), so that the engine's promotion threshold, "confident above
-0.95", means what it says; and the familiarity threshold that rejects `reject_share` of the
+log-likelihood on those examples, then raised if need be until those read above 0.95 are right
+99% of the time), so that the engine's promotion threshold, "confident above 0.95", means what
+it says; and the familiarity threshold that rejects `reject_share` of the
 held-out in-scope examples, under which a message is out of scope. What the held-out examples
 measured (accuracy, the confident share and its accuracy) is stored with the model.
 """
@@ -42,7 +43,7 @@ from chatcache.dialog import OUT_OF_SCOPE
 from chatcache.dialog.classifier import PROMOTE_THRESHOLD
 from chatcache.dialog.definition import TrainingSettings
 
-from .trained import FORMAT, FamiliarityRule, familiarity, model_dir, model_key
+from .trained import FORMAT, FamiliarityRule, familiarity, model_dir, model_key, softmax
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -76,6 +77,30 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
         return float(-log_probs[np.arange(len(labels)), labels].mean())
 
     return float(np.exp(minimize_scalar(nll, bounds=(-4.0, 4.0), method="bounded").x))
+
+
+PROMOTION_ACCURACY = 0.99
+"""How often a reading above the promotion threshold must be right: the promise that lets the
+engine act on it without asking."""
+
+
+def promotion_safe(logits: np.ndarray, targets: np.ndarray, temperature: float, labels: list[str]) -> float:
+    """`temperature`, raised in steps of 2% until the held-out examples read above the promotion
+    threshold are right at least `PROMOTION_ACCURACY` of the time (or none is read that surely).
+
+    The temperature that fits the held-out examples best on average can still leave the few
+    most confident readings a little too sure: with 85 intents of 40 examples (the bank bot) it
+    left them right 98.6% of the time, held out, and 98.4% on rows never seen. Raising it costs
+    turns read surely (the engine then asks), never a wrong action taken unasked.
+    """
+    out_of_scope = np.array([label == OUT_OF_SCOPE for label in labels])
+    while True:
+        probabilities = softmax(logits / temperature)
+        best = probabilities.argmax(axis=1)
+        sure = (probabilities.max(axis=1) > PROMOTE_THRESHOLD) & ~out_of_scope[best]
+        if not sure.any() or (best[sure] == targets[sure]).mean() >= PROMOTION_ACCURACY:
+            return temperature
+        temperature *= 1.02
 
 
 class IntentHeadLoss(nn.Module):
@@ -151,7 +176,7 @@ def train_intent_model(
     with torch.inference_mode():
         vectors = encoder.encode(held_texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
         logits = (vectors @ weight.T + bias).numpy().astype(np.float64)
-    temperature = fit_temperature(logits, held_targets) if len(held_texts) else 1.0
+    temperature = promotion_safe(logits, held_targets, fit_temperature(logits, held_targets), labels) if len(held_texts) else 1.0
     in_scope = np.array([label != OUT_OF_SCOPE for label in labels])[held_targets] if len(held_texts) else np.zeros(0, dtype=bool)
     rule = FamiliarityRule.fit(familiarity(logits / temperature, labels)[in_scope], settings.reject_share)
     measured = _held_out_figures(logits, held_targets, temperature, labels)

@@ -204,3 +204,29 @@ def test_the_stored_threshold_decides_out_of_scope_whatever_the_best_intent(trai
     model.info = dataclasses.replace(model.info, familiarity=dataclasses.replace(model.info.familiarity, threshold=float("inf")))
     verdict = model.classify("I lost my card")
     assert verdict.intent == OUT_OF_SCOPE and max(verdict.scores, key=verdict.scores.__getitem__) == "lost_card"
+
+
+def test_the_temperature_is_raised_until_readings_above_the_promotion_threshold_are_right_99_percent() -> None:
+    from chatcache.intents.trained import softmax
+    from chatcache.intents.training import PROMOTION_ACCURACY, promotion_safe
+
+    rng = np.random.default_rng(1)
+    targets = rng.integers(0, 4, size=3000)
+    logits = rng.normal(0.0, 1.0, size=(3000, 4))
+    logits[np.arange(3000), targets] += rng.uniform(0.0, 12.0, size=3000)  # mostly right, surer the larger
+    wrong = rng.choice(3000, size=150, replace=False)
+    logits[wrong] = rng.normal(0.0, 1.0, size=(150, 4))
+    logits[wrong, (targets[wrong] + 1) % 4] += rng.uniform(3.0, 7.0, size=150)  # wrong, and fairly sure
+    labels = ["a", "b", "c", OUT_OF_SCOPE]
+
+    def sure_accuracy(temperature: float) -> float:
+        probabilities = softmax(logits / temperature)
+        sure = (probabilities.max(axis=1) > 0.95) & (probabilities.argmax(axis=1) != 3)
+        return float((probabilities.argmax(axis=1)[sure] == targets[sure]).mean())
+
+    fitted = fit_temperature(logits, targets)
+    assert sure_accuracy(fitted) < PROMOTION_ACCURACY
+    safe = promotion_safe(logits, targets, fitted, labels)
+    assert safe > fitted and sure_accuracy(safe) >= PROMOTION_ACCURACY
+    assert sure_accuracy(safe / 1.02) < PROMOTION_ACCURACY  # raised no further than needed
+    assert promotion_safe(logits, targets, safe, labels) == safe  # already safe: kept
