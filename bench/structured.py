@@ -162,7 +162,7 @@ def tool_case(engine: Any, name: str, question: str, mode: str, max_new_tokens: 
     """One tool request: `free`, `held` (a call of any bound tool), or `routed` (held, and the
     router's closest tool when it finds one, as `CachedChatModel` does under `auto`)."""
     from chatcache.model.prompt import Message
-    from chatcache.model.reply_format import within_budget
+    from chatcache.reply_format import within_budget
     from chatcache.model.tools import Tool, ToolCall, call_format, calls_text, parse_calls, tools_prompt
 
     tools = [Tool(spec["name"], spec["description"], spec["parameters"]) for spec in TOOLS.values()]
@@ -200,7 +200,7 @@ def _router(engine: Any) -> Any:
 
 def schema_case(engine: Any, name: str, question: str, mode: str, max_new_tokens: int) -> dict[str, Any]:
     from chatcache.model.prompt import Message
-    from chatcache.model.reply_format import ReplyFormat, within_budget
+    from chatcache.reply_format import ReplyFormat, within_budget
 
     schema = SCHEMAS[name]
     instruction = f"{question}\nReply with only a JSON object that follows this JSON schema: {json.dumps(schema)}"

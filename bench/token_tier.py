@@ -31,7 +31,7 @@ from chatcache import ChatEngine, TokenTierConfig, load_chat_model
 from chatcache.config import GenerationConfig
 from chatcache.model.generation import forward, generate_tokens, prefill
 from chatcache.model.intra_op_threads import model_threads
-from chatcache.tiers.kv import clone, crop_to, from_tensors, kv_bytes_per_token, new_cache, to_tensors
+from chatcache.model.kv import clone, crop_to, from_tensors, kv_bytes_per_token, new_cache, to_tensors
 from chatcache.tiers.kv_spill import SpillStore
 
 from .common import BenchRun, bench_arguments, median, schema_system_prompt, sgd_user_turns, timed

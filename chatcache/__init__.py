@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .model.loading import ChatModel, load_chat_model, load_embedder
     from .model.prompt import Message
     from .model.remote import RemoteModel, connect_remote_model
-    from .model.reply_format import ReplyFormat
+    from .reply_format import ReplyFormat
     from .model.tools import ToolCall
     from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
     from .tiers.residency import MemoryConfig
@@ -62,7 +62,7 @@ _EXPORTS = {
     "RemoteModel": ".model.remote",
     "RemoteModelError": ".errors",
     "Reply": ".reply",
-    "ReplyFormat": ".model.reply_format",
+    "ReplyFormat": ".reply_format",
     "ReplyStream": ".reply",
     "SessionClosedError": ".errors",
     "SessionStore": ".storage",

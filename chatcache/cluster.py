@@ -44,7 +44,7 @@ from chatcache.storage import default_data_dir
 from chatcache.storage.engine import DATA_DIR_ENV
 
 from .errors import ConfigError
-from .tiers.spill_keys import GENERATED_KEY_FILE, KEY_ENV, generate_key_file, read_key_file
+from .spill_keys import GENERATED_KEY_FILE, KEY_ENV, generate_key_file, read_key_file
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 600.0  # replicas load the model and the embedder at once, on shared cores

@@ -10,8 +10,8 @@ from pathlib import Path
 from chatcache.storage import default_data_dir
 
 from .errors import ConfigError
-from .model.reply_format import ReplyFormat
-from .tiers.spill_keys import check_keys, load_spill_keys
+from .reply_format import ReplyFormat
+from .spill_keys import check_keys, load_spill_keys
 
 __all__ = ["GenerationConfig", "TokenTierConfig", "default_data_dir"]
 
@@ -32,7 +32,7 @@ class TokenTierConfig:
             that key is listed second. Each key must be at least 32 bytes. When none are given and
             there is a spill dir, the keys come from `spill_key_file`, else from `CHATCACHE_KV_KEY`
             (plus `CHATCACHE_KV_PREVIOUS_KEY` during a rotation), else from `kv.key` in the data
-            directory, which is generated on first use with mode 0600 (`tiers/spill_keys.py`).
+            directory, which is generated on first use with mode 0600 (`chatcache/spill_keys.py`).
             Replicas sharing a spill dir need the same keys. The keys are never shown in the repr.
         spill_key_file: a file of spill keys, one a line, newest first; not inside `spill_dir`.
     """

@@ -5,7 +5,7 @@ One turn, top to bottom (`_run_turn`), carried through named steps by one `Turn`
 receive (check the message); understand (the dialogue layer and drift detection steer the
 tiers, `steering/hcac.py`; the answer cache's scope); serve (the flow's own question, a cached
 answer, or the model on the session's KV from the token tier, prefilling only what it lacks,
-`model/runner.py`, on a prompt laid out from the system prompt with confirmed facts and the
+`model_runner.py`, on a prompt laid out from the system prompt with confirmed facts and the
 turns that fit; the user's message is recorded once the reply is decided on, after a server's
 admission control let a model turn in); commit (the reply, dialogue state, prompt window and
 facts in one write). A turn refused before it was recorded changes nothing; a failed turn
@@ -48,14 +48,14 @@ from .intents.trained import load_trained
 from .steering.hcac import ContextCoordinator, Embed, TurnContext, sentence_embed
 from .steering.tool_router import ROUTE_THRESHOLD, ToolRouter
 from .steering.tool_use import bind_tools, tool_of
-from .tiers.kv import kv_bytes_per_token
-from .model.runner import ModelRunner
+from .model.kv import kv_bytes_per_token
+from .model_runner import ModelRunner
 from .model.text_stream import token_pieces
 from .model.tools import HERMES, CallSyntax, ToolChoice, written
 from .model.loading import ChatModel, load_chat_model, load_embedder
 from .model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
 from .model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
-from .model.reply_format import ReplyFormat
+from .reply_format import ReplyFormat
 from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
 from .tiers.residency import KeyLocks, MemoryConfig, ResidentSessions
 from .tiers.token_tier import TokenTier, TokenTierStats

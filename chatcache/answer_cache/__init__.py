@@ -4,7 +4,7 @@ from .audits import BoundStatus
 from .cache import AnswerCache, AnswerCacheStats, CacheHit
 from .config import AnswerCacheConfig
 from .keys import Scope, bot_fingerprint, conversation_context, intent_context, normalize
-from .lfu import LfuPlus, decay_factor
+from ..tiers.lfu import LfuPlus, decay_factor
 from .personal import any_personal_data, carries_personal_data
 from .verify import verify
 

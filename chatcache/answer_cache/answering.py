@@ -22,7 +22,8 @@ from .verify import stems
 from ..config import GenerationConfig
 from ..tiers.conversations import Conversation
 from ..steering.hcac import TurnContext
-from ..model.runner import Completion, ModelRunner
+from ..model.generation import Completion
+from ..model_runner import ModelRunner
 from .prefetch import Answer, Prefetcher, TransitionModel
 from ..model.prompt import Message, Prompt
 from ..model.remote import RemoteRunner

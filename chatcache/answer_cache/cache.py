@@ -36,7 +36,7 @@ from .config import AnswerCacheConfig
 from .decision import OperatingPoint, reach, read
 from .index import VectorIndex
 from .keys import Scope, normalize
-from .lfu import Heat, LfuPlus
+from ..tiers.lfu import Heat, LfuPlus
 from .scope_models import Bound, ScopeModels, ScopeRows
 from .verify import Verdict, echoes_particulars, verify
 

@@ -23,7 +23,7 @@ from ..engine import ChatEngine
 from ..errors import ConfigError
 from ..model.loading import ChatModel
 from ..model.generation import forward, generate_tokens
-from ..model.runner import eos_token_ids
+from ..model_runner import eos_token_ids
 from ..model.prompt import Message, RenderedSegments
 
 NEAR_TIE = 1e-4  # top-2 logit gap below which batched and alone may pick differently

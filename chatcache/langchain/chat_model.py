@@ -47,7 +47,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from transformers import PreTrainedTokenizerBase
 
 from ..engine import ChatEngine
-from ..model.reply_format import from_response_format
+from ..reply_format import from_response_format
 from ..model.tools import CHOICE_NAMES, CallSyntax, parse_calls
 from ..model.text_stream import token_pieces
 from ..steering.tool_router import ROUTE_THRESHOLD

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..tiers.kv import from_tensors, keys_values
+from .kv import from_tensors, keys_values
 
 BLOCK = 256  # positions a buffer grows by
 

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..config import GenerationConfig
-from .reply_format import FormatMatcher
+from .format_matcher import FormatMatcher
 
 _LN2 = math.log(2.0)
 REPEAT_WINDOW = 64  # the reply's last tokens a repetition penalty looks at (llama.cpp's repeat_last_n)
@@ -28,6 +28,19 @@ REPEAT_WINDOW = 64  # the reply's last tokens a repetition penalty looks at (lla
 class GeneratedToken:
     token_id: int
     entropy_bits: float
+
+
+@dataclass(frozen=True)
+class Completion:
+    """An off-the-record answer: its text, mean token entropy, and whether the model ended it.
+
+    What a runner answers a whole prompt with (an answer-cache audit, a prefetch), local
+    (`ModelRunner.complete`) or remote (`RemoteRunner.answer`).
+    """
+
+    text: str
+    mean_entropy_bits: float
+    ended: bool
 
 
 def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> torch.Tensor:

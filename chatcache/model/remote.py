@@ -37,9 +37,9 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionTokenLog
 from ..config import GenerationConfig
 from ..errors import ConfigError, ModelNotFoundError, RemoteModelError
 from ..reply import TurnStats
+from .generation import Completion
 from .plain_text import PlainText
 from .prompt import Message, Prompt
-from .runner import Completion
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionChunk

@@ -39,7 +39,7 @@ from ..config import GenerationConfig
 from ..worker_threads import close_at_exit
 from .generation import REPEAT_WINDOW, GeneratedToken, forward, next_token
 from .intra_op_threads import give_up_intra_op_threads, release_openmp_pool, take_intra_op_threads
-from .reply_format import FormatError, FormatMatcher
+from .format_matcher import FormatError, FormatMatcher
 
 PREFILL_CHUNK = 512  # prompt tokens one step prefills of one arriving request
 MAX_BATCH = 32  # requests decoded at once; more wait for a row

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .prompt import Message
-from .reply_format import JSON_LAYOUT, ReplyFormat
+from ..reply_format import JSON_LAYOUT, ReplyFormat
 
 ToolChoice = Literal["auto", "any", "none"] | str  # or the name of the one tool to call
 CHOICE_NAMES: dict[str | bool | None, ToolChoice] = {None: "auto", "auto": "auto", "none": "none", "any": "any", "required": "any", True: "any"}

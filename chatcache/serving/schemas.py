@@ -14,7 +14,7 @@ from ..answer_cache import BoundStatus
 from ..model.prompt import Message
 from ..model.tools import CHOICE_NAMES, CallSyntax, ToolCall, ToolChoice, call_format, parse_calls
 from ..steering.tool_use import tool_of
-from ..model.reply_format import ReplyFormat, from_response_format
+from ..reply_format import ReplyFormat, from_response_format
 from ..reply import Reply
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "cache": "stop", "flow": "stop", "action": "stop", "handed_off": "stop", "length": "length", "cancelled": "stop"}

@@ -18,7 +18,7 @@ from ..config import GenerationConfig, TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
 from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message
-from ..model.runner import ModelRunner
+from ..model_runner import ModelRunner
 from ..steering.hcac import Embed, sentence_embed
 from ..tiers.token_tier import Checkout
 from .admission import AdmissionControl, Overloaded

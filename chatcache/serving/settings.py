@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from ..tiers.spill_keys import environment_keys, read_key_file
+from ..spill_keys import environment_keys, read_key_file
 from .keys import ApiKeys
 
 

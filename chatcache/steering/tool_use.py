@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model.prompt import Message, PromptRenderer
-from ..model.reply_format import ReplyFormat, within_budget
+from ..reply_format import ReplyFormat, within_budget
 from ..model.tools import HERMES, CallSyntax, Tool, ToolCall, ToolChoice, call_format, calls_text, is_result, tools_prompt
 
 Route = Callable[[str, Sequence[Tool]], list[Tool]]

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PretrainedConfig
 
-from . import kv
-from ..answer_cache.lfu import Heat, LfuPlus
+from ..model import kv
+from .lfu import Heat, LfuPlus
 from ..config import TokenTierConfig
 from .kv_spill import SpillStore
 

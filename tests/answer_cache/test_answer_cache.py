@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from chatcache.answer_cache import AnswerCache, AnswerCacheConfig, LfuPlus, Scope, decay_factor
-from chatcache.answer_cache.lfu import Heat
+from chatcache.tiers.lfu import Heat
 from chatcache.errors import ConfigError
 from chatcache.storage import SessionStore
 

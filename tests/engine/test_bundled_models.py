@@ -10,7 +10,7 @@ import torch
 
 from chatcache import TokenTierConfig, load_chat_model, load_embedder
 from chatcache.model.generation import forward
-from chatcache.tiers.kv import new_cache
+from chatcache.model.kv import new_cache
 
 pytestmark = pytest.mark.bundled
 SYSTEM = "You are a concise assistant for a travel agency."

@@ -14,7 +14,7 @@ from torch import nn
 from chatcache import ChatModel, ConfigError, TokenTierConfig, load_chat_model
 from chatcache.model.generation import forward
 from chatcache.model.int8_precision import Int8Linear, float64_attention, use_int8_matmul
-from chatcache.tiers.kv import new_cache
+from chatcache.model.kv import new_cache
 
 SYSTEM = "You are a customer-service assistant for a bank. Answer briefly."
 TURNS = ["Hi, my card has not arrived.", "It was sent two weeks ago."]

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from chatcache import ConfigError, GenerationConfig, TokenTierConfig
-from chatcache.model.reply_format import ReplyFormat, within_budget
+from chatcache.reply_format import ReplyFormat, within_budget
 
 PERSON = {
     "type": "object",

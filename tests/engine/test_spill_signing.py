@@ -171,7 +171,7 @@ def test_engines_with_the_same_key_restore_each_others_files(  # type: ignore[no
 GENERATE = """
 import sys
 from pathlib import Path
-from chatcache.tiers.spill_keys import generate_key_file, read_key_file
+from chatcache.spill_keys import generate_key_file, read_key_file
 print("ready", flush=True)
 sys.stdin.readline()
 print(read_key_file(generate_key_file(Path(sys.argv[1])))[0].decode(), flush=True)

@@ -9,7 +9,7 @@ import torch
 
 from chatcache import TokenTierConfig
 from chatcache.model.generation import forward
-from chatcache.tiers.kv import new_cache
+from chatcache.model.kv import new_cache
 
 SYSTEM = "You are a test bot that answers questions about bookings."
 TURNS = ["Hello there", "Book a table for two", "What about the weather in Paris?", "ok", "Transfer 200 dollars"]

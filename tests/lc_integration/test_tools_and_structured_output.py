@@ -17,7 +17,7 @@ from typing_extensions import TypedDict
 
 from chatcache.langchain import CachedChatModel, SessionChatHistory
 from chatcache.model.loading import load_embedder
-from chatcache.model.reply_format import FormatError, ReplyFormats
+from chatcache.model.format_matcher import FormatError, ReplyFormats
 from chatcache.steering.hcac import sentence_embed
 from chatcache.steering.tool_router import ToolRouter
 from chatcache.model.tools import CallSyntax, Tool, ToolCall, call_format, calls_text, parse_calls, written

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chatcache.serving.server import WARM_UP_BATCHES, warm_up
-from chatcache.tiers.kv import cached_length
+from chatcache.model.kv import cached_length
 
 
 def samples(text: str) -> dict[str, float]:

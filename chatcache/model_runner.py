@@ -7,27 +7,29 @@ the KV back in covering everything the model has seen. `complete` answers a prom
 record, for answer-cache audits and prefetching, through the same scheduler. A model whose
 cache cannot be batched (sliding-window or linear-attention layers) decodes in the caller's
 thread instead, one token at a time.
+
+It joins the model and the token tier, so it sits above both: `model/` runs a model on
+whatever cache it is given and never imports `tiers/`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 
 from transformers import DynamicCache
 
-from ..tiers import kv
-from ..tiers.kv import new_cache
-from ..config import GenerationConfig
-from .generation import GeneratedToken, generate_tokens
-from .loading import ChatModel
-from .prompt import Message, Prompt
-from .reply_format import ReplyFormats
-from ..reply import TurnStats
-from .scheduler import Request
-from .text_stream import TextStream
-from ..tiers.token_tier import TokenTier
+from .config import GenerationConfig
+from .model import kv
+from .model.format_matcher import ReplyFormats
+from .model.generation import Completion, GeneratedToken, generate_tokens
+from .model.kv import new_cache
+from .model.loading import ChatModel
+from .model.prompt import Message, Prompt
+from .model.scheduler import Request
+from .model.text_stream import TextStream
+from .reply import TurnStats
+from .tiers.token_tier import TokenTier
 
 
 def eos_token_ids(chat_model: ChatModel) -> set[int]:
@@ -35,15 +37,6 @@ def eos_token_ids(chat_model: ChatModel) -> set[int]:
     eos = chat_model.tokenizer.eos_token_id
     generation_eos = chat_model.model.generation_config.eos_token_id
     return {i for e in (eos, generation_eos) for i in (e if isinstance(e, list) else [e]) if i is not None}
-
-
-@dataclass(frozen=True)
-class Completion:
-    """An off-the-record answer: its text, mean token entropy, and whether the model ended it."""
-
-    text: str
-    mean_entropy_bits: float
-    ended: bool
 
 
 class ModelRunner:

@@ -2,7 +2,7 @@
 
 A small model cannot be trusted to write valid JSON, but any model can be made to: at each
 step the decoder lets through only the tokens that keep the reply inside the format
-(`FormatMatcher`, used by `generation.next_token`), so every reply that ends by itself parses.
+(`model/format_matcher.py`), so every reply that ends by itself parses.
 The grammar engine is llguidance (PyPI `llguidance`): a Rust library with no dependencies,
 the one vLLM, SGLang and llama.cpp use, that computes a token mask in well under a millisecond
 on a 49k vocabulary and reads JSON schemas, Lark and regexes directly. Compared before choosing:
@@ -12,23 +12,23 @@ every token.
 
 A reply cut short (`max_new_tokens`, a stop string, a cancelled reader) is cut mid-format, as
 any reply would be: its finish reason says so.
+
+This module is the format as a value (what `GenerationConfig.reply_format` holds, what cache
+keys name, what the OpenAI API's `response_format` asks for); it does not decode. Holding a
+model's decoding to a format is the model's job, in `model/format_matcher.py`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import llguidance
 
-from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from .errors import ConfigError
 
 FormatKind = Literal["json_schema", "lark", "regex"]
 
@@ -124,51 +124,6 @@ def from_response_format(response_format: Mapping[str, Any], max_new_tokens: int
     else:
         raise ConfigError(f"Unknown response_format type {kind!r}: use text, json_object or json_schema")
     return ReplyFormat.json_schema(within_budget(schema, max_new_tokens) if max_new_tokens is not None else schema)
-
-
-class FormatError(RuntimeError):
-    """The decoder left a reply format (a defect: the mask allows only tokens that stay in it)."""
-
-
-class FormatMatcher:
-    """Where one reply stands in its format: which tokens may come next, and what came."""
-
-    def __init__(self, tokenizer: llguidance.LLTokenizer, reply_format: ReplyFormat) -> None:
-        self._matcher = llguidance.LLMatcher(tokenizer, reply_format.grammar())
-        if self._matcher.is_error():
-            raise ConfigError(f"The reply format ({reply_format.kind}) is not valid: {self._matcher.get_error()}")
-
-    def allowed(self) -> bytes:
-        """One byte per vocabulary entry: nonzero where that token may come next."""
-        return self._matcher.compute_logit_bias()
-
-    def accept(self, token: int) -> None:
-        if not self._matcher.consume_token(token):
-            raise FormatError(f"token {token} left the reply format: {self._matcher.get_error()}")
-
-
-class ReplyFormats:
-    """Builds `FormatMatcher`s on one tokenizer (its llguidance twin is built once, on first use:
-    about a second)."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_ids: set[int]) -> None:
-        self._tokenizer = tokenizer
-        self._eos_ids = sorted(eos_ids)
-        self._ll_tokenizer: llguidance.LLTokenizer | None = None
-        self._lock = threading.Lock()
-
-    def matcher(self, reply_format: ReplyFormat) -> FormatMatcher:
-        import llguidance.hf  # imports transformers, which `GenerationConfig`'s users need not load
-        from transformers import PreTrainedTokenizerFast
-
-        with self._lock:
-            if self._ll_tokenizer is None:
-                if not isinstance(self._tokenizer, PreTrainedTokenizerFast):
-                    raise ConfigError(
-                        f"Reply formats need a fast (Rust) tokenizer; this model's is a {type(self._tokenizer).__name__}."
-                    )
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(self._tokenizer, eos_token=self._eos_ids)
-        return FormatMatcher(self._ll_tokenizer, reply_format)
 
 
 MIN_STRING_CHARS = 8

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from chatcache.storage import default_data_dir
 
-from ..errors import ConfigError
-from ..first_run import produce_once
+from .errors import ConfigError
+from .first_run import produce_once
 
 log = logging.getLogger("chatcache")
 KEY_ENV = "CHATCACHE_KV_KEY"
