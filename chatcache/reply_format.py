@@ -2,10 +2,10 @@
 
 A small model cannot be trusted to write valid JSON, but any model can be made to: at each
 step the decoder lets through only the tokens that keep the reply inside the format
-(`model/format_matcher.py`), so every reply that ends by itself parses.
-The grammar engine is llguidance (PyPI `llguidance`): a Rust library with no dependencies,
-the one vLLM, SGLang and llama.cpp use, that computes a token mask in well under a millisecond
-on a 49k vocabulary and reads JSON schemas, Lark and regexes directly. Compared before choosing:
+(`model/format_matcher.py`), so every reply that ends by itself parses. The grammar engine
+is llguidance (PyPI `llguidance`): a Rust library with no dependencies, the one vLLM, SGLang
+and llama.cpp use, that computes a token mask in well under a millisecond on a 49k
+vocabulary and reads JSON schemas, Lark and regexes directly. Compared before choosing:
 xgrammar needs triton (hundreds of MB, GPU-only) on Linux; outlines-core compiles a whole
 automaton per schema up front; lm-format-enforcer is pure Python and walks the vocabulary on
 every token.

@@ -22,6 +22,9 @@ file holds one key a line, newest first. A key is its UTF-8 text and must be at 
 This module does not share keys between machines. Replicas get the same key through their
 configuration (`chatcache cluster up` generates one in its state directory and passes it to
 every replica), never through the spill directory.
+
+It lies outside `tiers/`, below the settings: `TokenTierConfig` loads the keys when it is
+made, so that a bad key fails there.
 """
 
 from __future__ import annotations
