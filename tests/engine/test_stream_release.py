@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "You are a test bot. Answer briefly."
 QUESTION = "Hello there"
 WAIT_S = 60.0
-ABANDON_S = 0.5
+ABANDON_S = 1.0  # short, yet far longer than a probe of the lease takes under load
 
 # Another process on the same database: on "try" it takes the session's lease once, at once; on
 # "wait" it waits for it as another process's turn would (`TurnLeases.hold`). Either way it lets
@@ -120,30 +120,37 @@ def _roles(engine: ChatEngine) -> list[str]:
     return [m.role for m in engine.history("s")]
 
 
-def test_a_with_block_left_by_break_frees_the_session_at_once(engine: ChatEngine, lease_probe) -> None:  # type: ignore[no-untyped-def]
-    """Another thread's turn, queued while the block runs, gets in as the block ends; another
-    process takes the lease at its first try."""
-    with engine.stream("s", QUESTION, max_new_tokens=200) as stream:
-        for _ in stream:
-            break
-        assert lease_probe("try") == "held"  # the turn holds the session while the block runs
-        second = TurnInThread(engine, "A second question")
-    assert lease_probe("try") == "taken"
-    assert stream.reply is not None and stream.reply.stats.finish_reason == "cancelled"
-    second.finished()
-    assert _roles(engine) == ["user", "assistant", "user", "assistant"]
-
-
-def test_a_with_block_that_raises_frees_the_session_at_once(engine: ChatEngine, lease_probe) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(RuntimeError, match="the reader failed"):
+def _read_one_piece_then_leave(engine: ChatEngine, how: str, while_held: Callable[[], object]) -> ReplyStream:
+    """A `with` block that takes one piece, calls `while_held`, and is left by `break` or by an
+    exception; the stream, closed by the block."""
+    try:
         with engine.stream("s", QUESTION, max_new_tokens=200) as stream:
-            next(stream)
-            second = TurnInThread(engine, "A second question")
-            raise RuntimeError("the reader failed")
-    assert lease_probe("try") == "taken"
-    second.finished()
+            for _ in stream:
+                while_held()
+                if how == "break":
+                    break
+                raise RuntimeError("the reader failed")
+    except RuntimeError as error:
+        assert how == "raise" and str(error) == "the reader failed"
+    return stream
+
+
+@pytest.mark.parametrize("how", ["break", "raise"])
+def test_a_with_block_lets_a_waiting_thread_in(engine: ChatEngine, how: str) -> None:
+    """Another thread's turn, queued on the session while the block runs, gets in as it ends."""
+    queued: list[TurnInThread] = []
+    stream = _read_one_piece_then_leave(engine, how, lambda: queued.append(TurnInThread(engine, "A second question")))
     assert stream.reply is not None and stream.reply.stats.finish_reason == "cancelled"
+    queued[0].finished()
     assert _roles(engine) == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("how", ["break", "raise"])
+def test_a_with_block_lets_another_process_take_the_lease_at_once(engine: ChatEngine, lease_probe, how: str) -> None:  # type: ignore[no-untyped-def]
+    held: list[str] = []
+    _read_one_piece_then_leave(engine, how, lambda: held.append(lease_probe("try")))
+    assert held == ["held"]  # the turn held the session while the block ran
+    assert lease_probe("try") == "taken"  # at its first try: not once the lease ran out
 
 
 def test_closing_mid_reply_stops_the_generation_and_frees_the_session(engine: ChatEngine, tiny_model, lease_probe) -> None:  # type: ignore[no-untyped-def]
