@@ -31,15 +31,14 @@ def run_plain_chat(engine: ChatEngine, session_id: str, max_new_tokens: int, std
             continue
         stdout.write("bot> " if interactive else "")
         try:
-            stream = engine.stream(session_id, line.rstrip("\n"), max_new_tokens=max_new_tokens)
-            for piece in stream:
-                stdout.write(piece)
-                stdout.flush()
+            with engine.stream(session_id, line.rstrip("\n"), max_new_tokens=max_new_tokens) as stream:
+                for piece in stream:
+                    stdout.write(piece)
+                    stdout.flush()
         except ChatCacheError as exc:
             stdout.write(f"[error] {exc}\n")
             continue
-        except KeyboardInterrupt:
-            stream.close()
+        except KeyboardInterrupt:  # leaving the `with` block cancelled the turn
             stdout.write(" [cancelled]")
         reply = stream.reply
         stdout.write("\n")

@@ -175,7 +175,8 @@ class ChatEngine:
         tenant: answers are never shared across tenants.
         prefetch: with the answer cache, answer the likely next question in the background
             while idle (ACPC), learned from the conversations in the session tier (local models only).
-        memory: how many sessions, idle for how long, keep their state in memory.
+        memory: how many sessions, idle for how long, keep their state in memory, and how long
+            a reply stream nobody reads keeps its session before it is closed.
     """
 
     def __init__(
@@ -318,9 +319,9 @@ class ChatEngine:
 
     def chat(self, session_id: str, text: str, **generation: object) -> Reply:
         """Answer `text` in `session_id` (created on first use) and return the whole reply."""
-        stream = self.stream(session_id, text, **generation)  # type: ignore[arg-type]
-        for _ in stream:
-            pass
+        with self.stream(session_id, text, **generation) as stream:  # type: ignore[arg-type]
+            for _ in stream:
+                pass
         reply = stream.reply
         assert reply is not None
         return reply
@@ -358,8 +359,9 @@ class ChatEngine:
         check_storable(text)
         holder: list[Reply] = []
         pieces = self._counted(self._run_turn(session_id, text, params, holder, admit))
-        close_at_exit(pieces)  # a turn still open at exit checks its KV in while torch can still run
-        return ReplyStream(pieces, lambda: holder[0] if holder else None)
+        stream = ReplyStream(pieces, lambda: holder[0] if holder else None, self.resident.config.abandon_stream_after_s)
+        close_at_exit(stream)  # a turn still open at exit checks its KV in while torch can still run
+        return stream
 
     def astream(
         self,
@@ -447,7 +449,7 @@ class ChatEngine:
         )  # fmt: skip
         holder: list[Reply] = []
         pieces = self._counted(self._run_given(conversation, turn, holder))
-        return ReplyStream(pieces, lambda: holder[0] if holder else None)
+        return ReplyStream(pieces, lambda: holder[0] if holder else None, self.resident.config.abandon_stream_after_s)
 
     def _tool_router(self, threshold: float) -> ToolRouter:
         """A router on the engine's embedder (the bundled one for an engine that loaded none)."""

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from chatcache.dialog import ActionOutcome, State
 
+from .abandoned_streams import watch
 from .worker_threads import close_at_exit
+
+log = logging.getLogger("chatcache")
 
 
 @dataclass
@@ -84,21 +89,84 @@ class Reply:
 class ReplyStream:
     """Text pieces of a reply as they are generated; `reply` is set once the stream ends.
 
-    Closing the stream early (or breaking out of the loop and dropping it) cancels the
-    generation; what was generated so far is kept as the reply.
+    From its first piece until it ends, the turn holds its session: the session's lock (the
+    process's other turns on it wait) and its lease in the database (so do other processes').
+    Read it in a `with` block, which closes it however the block ends (read to the end, left
+    early by `break`, or by an exception), as httpx's `client.stream()` closes its response:
+
+        with engine.stream(session_id, text) as stream:
+            for piece in stream:
+                print(piece, end="")
+        reply = stream.reply
+
+    Closing the stream early (`close`, leaving the `with` block, or dropping the stream) cancels
+    the generation; what was generated so far is kept as the reply, and the session is free
+    again when `close` returns. Closing again, or after the end, does nothing. `close` from
+    another thread waits for the piece being made, then cancels. A stream its reader neither
+    reads nor closes is closed for it once no piece was taken for `abandon_after_s` (the
+    engine's `MemoryConfig.abandon_stream_after_s`; None never), so a reader that went away
+    cannot hold its session for good (`abandoned_streams.py`).
     """
 
-    def __init__(self, pieces: Iterator[str], finished: Callable[[], Reply | None]) -> None:
+    def __init__(self, pieces: Iterator[str], finished: Callable[[], Reply | None], abandon_after_s: float | None = None) -> None:
         self._pieces = pieces
         self._finished = finished
+        self._abandon_after_s = abandon_after_s
+        self._step = threading.RLock()  # one piece or the close at a time (the reader's, `close`'s, the watcher's)
+        self._taken_at: float | None = None  # monotonic time the reader last took a piece; None before the first
+        self._ended = False
 
-    def __iter__(self) -> Iterator[str]:
-        return self._pieces
+    def __enter__(self) -> ReplyStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __iter__(self) -> ReplyStream:
+        return self
 
     def __next__(self) -> str:
-        return next(self._pieces)
+        with self._step:
+            try:
+                piece = next(self._pieces)
+            except BaseException:  # the end, or the turn's error: either way the turn is over
+                self._ended = True
+                raise
+            first = self._taken_at is None
+            self._taken_at = time.monotonic()
+        if first and self._abandon_after_s is not None:
+            watch(self)  # the turn holds its session from now on
+        return piece
 
     def close(self) -> None:
+        """Cancel the generation, keep what was generated as the reply and free the session."""
+        with self._step:
+            self._end()
+
+    def close_if_abandoned(self, now: float) -> float | None:
+        """Close the stream if its reader took no piece for `abandon_after_s` before `now`;
+        return when to look again, or None once it is closed or ended (the watcher's call)."""
+        assert self._abandon_after_s is not None and self._taken_at is not None
+        if not self._step.acquire(blocking=False):
+            return now + self._abandon_after_s  # a piece is being made: the reader is there
+        try:
+            if self._ended:
+                return None
+            deadline = self._taken_at + self._abandon_after_s
+            if now < deadline:
+                return deadline
+            self._end()
+            reply = self.reply
+            log.warning(
+                "Closed a reply stream nobody read for %.0f s (session %s): the turn keeps what was generated, and the session is free again.",
+                self._abandon_after_s, reply.session_id if reply is not None else "unknown",
+            )  # fmt: skip
+            return None
+        finally:
+            self._step.release()
+
+    def _end(self) -> None:
+        self._ended = True
         close = getattr(self._pieces, "close", None)
         if close is not None:
             close()
@@ -117,6 +185,16 @@ class AsyncReplyStream:
     once (and so batch together) at its size. Cancelling the task that reads, calling
     `aclose`, or dropping the stream cancels the generation at the next token, and what was
     generated so far is kept as the reply, as when a `ReplyStream` is closed early.
+
+    Read it in an `async with` block, which cancels the turn and waits until it has let go of
+    its session however the block ends:
+
+        async with engine.astream(session_id, text) as stream:
+            async for piece in stream:
+                ...
+
+    The turn's thread reads every piece as it comes, whether or not the loop takes them, so a
+    stream nobody reads any more ends with its reply (at most `max_new_tokens`), never idles.
     """
 
     def __init__(self, stream: ReplyStream) -> None:
@@ -130,6 +208,12 @@ class AsyncReplyStream:
         )
         self._turn_thread.start()
         close_at_exit(self)
+
+    async def __aenter__(self) -> AsyncReplyStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def __aiter__(self) -> AsyncReplyStream:
         return self

@@ -10,7 +10,7 @@ script never finished or closed) is closed first, as `ReplyStream.close` would: 
 finalization, its clean-up runs torch while the interpreter tears torch down, and aborts too.
 
 What is closed at exit, newest first: a server's turn threads (`AsyncReplyStream`, joined),
-turns left open, engines (their idle KV spilled and their database closed, as `close` does),
+the watcher of abandoned streams (joined: it may be closing a turn), turns left open, engines (their idle KV spilled and their database closed, as `close` does),
 prefetchers (joined) and the model workers (joined). Our other threads need nothing here: a
 lease keeper is joined when its turn ends, and the answer heads' pool is joined by
 `concurrent.futures` before any `atexit` function runs.

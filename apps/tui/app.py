@@ -266,22 +266,21 @@ class ChatApp(App[int]):
         pending: list[str] = []
         flushed = 0.0
         try:
-            for piece in stream:
-                pending.append(piece)
-                # call_from_thread waits for the UI: hand over at most every FLUSH_S so a
-                # fast model is not slowed down to the speed of rendering Markdown.
-                if time.monotonic() - flushed >= FLUSH_S or self._cancel.is_set():
-                    self._await_from_thread(view.add_piece, "".join(pending))
-                    pending.clear()
-                    flushed = time.monotonic()
-                if self._cancel.is_set():
-                    break
+            with stream:  # after a break, closing cancels the turn; otherwise it does nothing
+                for piece in stream:
+                    pending.append(piece)
+                    # call_from_thread waits for the UI: hand over at most every FLUSH_S so a
+                    # fast model is not slowed down to the speed of rendering Markdown.
+                    if time.monotonic() - flushed >= FLUSH_S or self._cancel.is_set():
+                        self._await_from_thread(view.add_piece, "".join(pending))
+                        pending.clear()
+                        flushed = time.monotonic()
+                    if self._cancel.is_set():
+                        break
             if pending:
                 self._await_from_thread(view.add_piece, "".join(pending))
         except Exception as exc:  # the engine's or the UI's (the app has exited): the turn failed
             error = exc
-        finally:
-            stream.close()  # after a break this cancels the turn; otherwise it does nothing
         try:
             self._await_from_thread(self._end_turn, view, stream.reply, error)
         except RuntimeError:

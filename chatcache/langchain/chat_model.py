@@ -260,9 +260,10 @@ class CachedChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         reply_stream, calls = self._start(messages, stop, kwargs)
-        for piece in reply_stream:
-            if run_manager:
-                run_manager.on_llm_new_token(piece)
+        with reply_stream:  # a callback that raises cancels the generation
+            for piece in reply_stream:
+                if run_manager:
+                    run_manager.on_llm_new_token(piece)
         reply = reply_stream.reply
         text = reply.text if reply else ""
         usage, metadata = self._report(reply, kwargs.get("model"))
@@ -318,7 +319,7 @@ class CachedChatModel(BaseChatModel):
         `calls`, where the reply may make them) held to its end."""
         held: list[str] | None = None  # a reply that may be a tool call is held until it ends
         syntax = calls
-        try:
+        with reply_stream:  # a reader that stops early cancels the generation
             for piece in reply_stream:
                 if held is None and calls is not None and (kwargs.get("tool_choice") != "auto" or piece.startswith(calls.first)):
                     held = []
@@ -330,8 +331,6 @@ class CachedChatModel(BaseChatModel):
                 if run_manager:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
-        finally:
-            reply_stream.close()  # a reader that stops early cancels the generation
         if held is not None and syntax is not None:
             fields = _tool_fields("".join(held), syntax)
             chunk = ChatGenerationChunk(

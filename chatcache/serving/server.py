@@ -141,9 +141,9 @@ def warm_up(server: Server) -> None:
     answer is sampled (the answer cache keeps no sampled reply), every KV is dropped, and a
     batch grows only while the token tier's budget has room for another row."""
     engine = server.tenants(sorted(server.keys.tenants)[0])
-    reply = engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0)
-    for _ in reply:
-        pass
+    with engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0) as reply:
+        for _ in reply:
+            pass
     token_tier, runner = server.tenants.token_tier, engine.runner
     assert isinstance(runner, ModelRunner)  # a server runs a local model (`build_server`)
     token_tier.drop("warm-up")

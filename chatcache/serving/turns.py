@@ -82,9 +82,10 @@ async def answer_turn(
 
     if not body.stream:
         try:
-            if first is not None:
-                async for _ in stream:  # the reply's text is what the turn recorded
-                    pass
+            async with stream:  # a client that went away cancels the turn, which lets go of its session
+                if first is not None:
+                    async for _ in stream:  # the reply's text is what the turn recorded
+                        pass
         finally:
             release()
         reply = stream.reply
@@ -96,29 +97,27 @@ async def answer_turn(
 
     async def events() -> AsyncIterator[str]:
         try:
-            yield sse(schemas.chunk(cid, model, {"role": "assistant", "content": ""}))
-            holds_call = calls_in is not None and first is not None and first.startswith(calls_in.first)  # free text never opens so
-            if first is not None and not holds_call:
-                yield sse(schemas.chunk(cid, model, {"content": first}))
-            if first is not None:
-                async for piece in stream:
-                    if not holds_call:
-                        yield sse(schemas.chunk(cid, model, {"content": piece}))
-            reply = stream.reply
-            if reply is not None:
-                message, reason = schemas.reply_message(reply, calls_in if holds_call else None)
-                if holds_call and "tool_calls" in message:
-                    for index, call in enumerate(message["tool_calls"]):
-                        yield sse(schemas.chunk(cid, model, {"tool_calls": [{"index": index, **call}]}))
-                elif holds_call:  # a call cut short: its text, as it would have streamed
-                    yield sse(schemas.chunk(cid, model, {"content": message["content"]}))
-                yield sse(schemas.chunk(cid, model, {}, reason, chatcache=finish(reply)))
-                if include_usage:
-                    yield sse({**schemas.chunk(cid, model, {}), "choices": [], "usage": schemas.usage(reply)})
-            yield "data: [DONE]\n\n"
-        except asyncio.CancelledError:  # the client went away: the turn keeps what was generated
-            await stream.aclose()
-            raise
+            async with stream:  # however it ends (a client that went away cancels it), the turn lets go of its session
+                yield sse(schemas.chunk(cid, model, {"role": "assistant", "content": ""}))
+                holds_call = calls_in is not None and first is not None and first.startswith(calls_in.first)  # free text never opens so
+                if first is not None and not holds_call:
+                    yield sse(schemas.chunk(cid, model, {"content": first}))
+                if first is not None:
+                    async for piece in stream:
+                        if not holds_call:
+                            yield sse(schemas.chunk(cid, model, {"content": piece}))
+                reply = stream.reply
+                if reply is not None:
+                    message, reason = schemas.reply_message(reply, calls_in if holds_call else None)
+                    if holds_call and "tool_calls" in message:
+                        for index, call in enumerate(message["tool_calls"]):
+                            yield sse(schemas.chunk(cid, model, {"tool_calls": [{"index": index, **call}]}))
+                    elif holds_call:  # a call cut short: its text, as it would have streamed
+                        yield sse(schemas.chunk(cid, model, {"content": message["content"]}))
+                    yield sse(schemas.chunk(cid, model, {}, reason, chatcache=finish(reply)))
+                    if include_usage:
+                        yield sse({**schemas.chunk(cid, model, {}), "choices": [], "usage": schemas.usage(reply)})
+                yield "data: [DONE]\n\n"
         except Exception as error:  # noqa: BLE001 - the status is sent: the error goes in the stream
             log.exception("turn failed mid-stream")
             yield sse(error_body(f"The turn failed: {error}", "server_error", None))
