@@ -28,3 +28,15 @@ def test_import_contracts_are_kept() -> None:
         timeout=300,
     )
     assert result.returncode == 0, f"import-linter (exit {result.returncode}):\n{result.stdout}{result.stderr}"
+
+
+def test_every_module_and_subpackage_of_chatcache_has_a_layer() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (layers,) = [c["layers"] for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    placed = {name.strip() for layer in layers for name in layer.split("|")}
+    package = ROOT / "chatcache"
+    present = {f"chatcache.{path.stem}" for path in package.glob("*.py") if path.stem != "__init__"}
+    present |= {f"chatcache.{path.name}" for path in package.iterdir() if (path / "__init__.py").is_file()}
+    assert present - placed == set(), "a new module or subpackage of chatcache: give it a layer in pyproject.toml"
