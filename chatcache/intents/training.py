@@ -176,10 +176,7 @@ def train_intent_model(
     with torch.inference_mode():
         vectors = encoder.encode(held_texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
         logits = (vectors @ weight.T + bias).numpy().astype(np.float64)
-    temperature = promotion_safe(logits, held_targets, fit_temperature(logits, held_targets), labels) if len(held_texts) else 1.0
-    in_scope = np.array([label != OUT_OF_SCOPE for label in labels])[held_targets] if len(held_texts) else np.zeros(0, dtype=bool)
-    rule = FamiliarityRule.fit(familiarity(logits / temperature, labels)[in_scope], settings.reject_share)
-    measured = _held_out_figures(logits, held_targets, temperature, labels)
+    temperature, rule, measured = calibrate(logits, held_targets, labels, settings)
     measured["training_seconds"] = round(time.perf_counter() - started, 1)
     key = model_key(examples, settings)
     directory = model_dir(key, data_dir)
@@ -203,10 +200,21 @@ def train_intent_model(
     return directory
 
 
+def calibrate(
+    logits: np.ndarray, targets: np.ndarray, labels: list[str], settings: TrainingSettings
+) -> tuple[float, FamiliarityRule | None, dict[str, Any]]:
+    """From the head's logits on the held-out examples and their labels: the temperature, the
+    familiarity rule, and what those examples measured."""
+    if not len(targets):
+        return 1.0, None, {"held_out": 0}
+    temperature = promotion_safe(logits, targets, fit_temperature(logits, targets), labels)
+    in_scope = np.array([label != OUT_OF_SCOPE for label in labels])[targets]
+    rule = FamiliarityRule.fit(familiarity(logits / temperature, labels)[in_scope], settings.reject_share)
+    return temperature, rule, _held_out_figures(logits, targets, temperature, labels)
+
+
 def _held_out_figures(logits: np.ndarray, targets: np.ndarray, temperature: float, labels: list[str]) -> dict[str, Any]:
     """Accuracy and the confident share on the calibration examples, before and after the temperature."""
-    if not len(targets):
-        return {"held_out": 0}
     scaled = logits / temperature
     probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
