@@ -30,6 +30,7 @@ from chatcache.dialog import (
     Actions,
     BotDefinition,
     DialogueEvent,
+    DialogueState,
     DialogueStateMachine,
     EventType,
     State,
@@ -623,18 +624,19 @@ class ChatEngine:
             InvalidMessageError: the session is not handed off.
         """
         with self.conversations.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
-            self._check_handed_off(conversation)
-            machine = DialogueStateMachine.from_dict(conversation.dialogue or {})
+            machine = DialogueStateMachine.restore(self._check_handed_off(conversation))
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{session_id}:{conversation.last_seq}:hand-back"))
-            conversation.dialogue = machine.to_dict()
-            self.store.update_state(session_id, conversation.stored_state(), expected_version=conversation.version)
+            conversation.dialogue = machine.snapshot()
+            self.conversations.store_state(conversation)
             self.conversations.forget(session_id)
             self._release_topic(session_id)
 
     @staticmethod
-    def _check_handed_off(conversation: Conversation) -> None:
-        if (conversation.dialogue or {}).get("state") != State.HANDED_OFF.value:
+    def _check_handed_off(conversation: Conversation) -> DialogueState:
+        """The session's dialogue state, which must be HANDED_OFF."""
+        if conversation.dialogue is None or conversation.dialogue.state != State.HANDED_OFF:
             raise InvalidMessageError("This session is not handed off to a person; the bot answers it.")
+        return conversation.dialogue
 
     def end_session(self, session_id: str) -> None:
         """End a session in the session tier and release its turn and token tiers.
@@ -792,7 +794,7 @@ class ChatEngine:
         if turn.context.action is not None and self.actions is not None and turn.context.intent is not None:
             # The flow acts: the bot's code runs, and its response template is the reply.
             self._record_user(conversation, turn)
-            slots = {str(k): str(v) for k, v in (conversation.dialogue or {}).get("slots", {}).items()}
+            slots = {str(k): str(v) for k, v in conversation.dialogue.slots.items()} if conversation.dialogue else {}
             who = ActionContext(self.tenant, self.conversations.user_id, turn.session_id, turn.id)
             turn.action = self.actions.perform(turn.context.intent, slots, who)
             stats.tier, stats.finish_reason, stats.ttft_s = "action", "action", time.perf_counter() - turn.started

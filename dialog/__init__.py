@@ -6,6 +6,7 @@ Nothing here imports a model library; the intent classifier is handed an embeddi
 from .actions import ActionContext, ActionError, ActionOutcome, ActionRefused, Actions, action
 from .classifier import Embed, IntentClassifier, IntentReader, IntentResult, PreviousTurn, read_in_context
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow, Intent, Slot
+from .dialogue_state import DialogueState, State, dialogue_from_json, dialogue_to_json
 from .loader import BotDefinitionError, load_bot, load_stories, parse_bot
 from .manager import DialogueManager, TurnDecision
 from .shipped import shipped_bots
@@ -16,7 +17,6 @@ from .state_machine import (
     DialogueStateMachine,
     EventType,
     IllegalTransitionError,
-    State,
     apply_with_retry,
 )
 
@@ -31,12 +31,15 @@ __all__ = [
     "TRANSITIONS",
     "DialogueEvent",
     "DialogueManager",
+    "DialogueState",
     "DialogueStateMachine",
     "EventType",
     "IllegalTransitionError",
     "State",
     "TurnDecision",
     "apply_with_retry",
+    "dialogue_from_json",
+    "dialogue_to_json",
     "BotDefinition",
     "BotDefinitionError",
     "Embed",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -28,7 +27,8 @@ from .classifier import PROMOTE_THRESHOLD, IntentReader, IntentResult, PreviousT
 from .definition import OUT_OF_SCOPE, BotDefinition, Flow
 from .requests import declined, two_requests
 from .slots import SlotExtractor
-from .state_machine import DialogueEvent, DialogueStateMachine, EventType, State
+from .dialogue_state import DialogueState, State
+from .state_machine import DialogueEvent, DialogueStateMachine, EventType
 
 _YES = re.compile(r"\b(yes|yeah|yep|yup|sure|correct|confirm(ed)?|ok(ay)?|go ahead|do it|please do)\b", re.I)
 HANDOFF_REPLY = "I am handing you over to a person from our team; they will answer you here."
@@ -73,7 +73,7 @@ class TurnDecision:
     """What one user turn resolved to.
 
     Attributes:
-        state: The new dialogue state dict, to be saved.
+        state: The new dialogue state, to be saved.
         intent: The intent the conversation is about now ("out_of_scope" if none).
         confidence: The classifier confidence the intent was detected with.
         confirmed: The user confirmed the flow, or the confidence exceeded `promote_threshold`.
@@ -85,7 +85,7 @@ class TurnDecision:
         action: The flow's action to perform now, when the flow reached ACTING.
     """
 
-    state: dict[str, Any]
+    state: DialogueState
     intent: str
     confidence: float
     confirmed: bool
@@ -113,7 +113,7 @@ class DialogueManager:
 
     def handle(
         self,
-        state: dict[str, Any] | None,
+        state: DialogueState | None,
         text: str,
         turn_id: str | None = None,
         embedding: np.ndarray | None = None,
@@ -122,7 +122,7 @@ class DialogueManager:
         """Process one user turn.
 
         Args:
-            state: The conversation's state dict, or None for a new conversation.
+            state: The conversation's dialogue state, or None for a new conversation.
             text: What the user said.
             turn_id: A unique id of this turn (e.g. the message id); it makes a retried turn
                 a no-op instead of a second event.
@@ -136,7 +136,7 @@ class DialogueManager:
         Raises:
             IllegalTransitionError: The conversation is in a state that takes no user turn.
         """
-        machine = DialogueStateMachine.from_dict(state) if state else DialogueStateMachine()
+        machine = DialogueStateMachine.restore(state) if state is not None else DialogueStateMachine()
         previous = PreviousTurn(previous_text, machine.intent) if previous_text and machine.intent else None
         if machine.offered is not None and machine.state not in _ASKING:
             if _OFFER_TAKEN.match(text):  # "yes": the request that waited is this turn's
@@ -300,7 +300,7 @@ class DialogueManager:
         intent = machine.intent if machine.intent is not None else OUT_OF_SCOPE
         flow = self.bot.flow(intent) if intent != OUT_OF_SCOPE else None
         return TurnDecision(
-            state=machine.to_dict(),
+            state=machine.snapshot(),
             intent=intent,
             confidence=machine.confidence,
             confirmed=machine.confirmed or machine.confidence > self.promote_threshold,

@@ -5,8 +5,9 @@ flow requires (slots, a confirmation), so a stored state can be advanced by anyo
 event, e.g. a retry loop that reloads the state after losing an optimistic-lock race.
 
 Which events a state accepts is a table; where an accepted event leads is decided by what
-the flow still lacks (slots, then confirmation, then the action). The state is a plain dict
-so the persistence layer can store it as JSON and compare-and-set on `version`.
+the flow still lacks (slots, then confirmation, then the action). The machine is restored from
+a `DialogueState` record and hands one back (`snapshot`), so the persistence layer stores a
+typed record and compare-and-sets on `version`.
 """
 
 from __future__ import annotations
@@ -18,14 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-
-class State(str, Enum):
-    IDLE = "IDLE"
-    COLLECTING_SLOTS = "COLLECTING_SLOTS"
-    CONFIRMING = "CONFIRMING"
-    ACTING = "ACTING"
-    HANDED_OFF = "HANDED_OFF"
-    DONE = "DONE"
+from .dialogue_state import FLOW_STATES, DialogueState, State
 
 
 class EventType(str, Enum):
@@ -56,7 +50,6 @@ TRANSITIONS: Mapping[State, frozenset[EventType]] = {
 }
 """Events each state accepts; anything else raises `IllegalTransitionError`."""
 
-_FLOW_STATES = {State.COLLECTING_SLOTS, State.CONFIRMING, State.ACTING}
 _NOT_THE_USER = {EventType.ACTED, EventType.OFFERED}  # events of the bot's own turn, not of a user's message
 
 
@@ -111,11 +104,6 @@ class DialogueStateMachine:
         self.last_event: str | None = None
         self.waiting: str | None = None
         self.offered: str | None = None
-
-    @property
-    def flow_active(self) -> bool:
-        """True while a flow is under way, so a session must not be expired now."""
-        return self.state in _FLOW_STATES
 
     @property
     def missing_slots(self) -> list[str]:
@@ -184,7 +172,7 @@ class DialogueStateMachine:
 
     def _out_of_scope(self, payload: Mapping[str, Any]) -> None:
         # Mid-flow the bot re-asks its question; between flows nothing is being discussed.
-        if self.state not in _FLOW_STATES:
+        if self.state not in FLOW_STATES:
             self._clear(State.IDLE)
 
     def _start(self, payload: Mapping[str, Any]) -> None:
@@ -216,52 +204,51 @@ class DialogueStateMachine:
         EventType.OFFERED: _offered,
     }
 
-    def to_dict(self) -> dict[str, Any]:
-        """The state as a JSON-serialisable dict (see `from_dict`)."""
-        return {
-            "state": self.state.value,
-            "intent": self.intent,
-            "confidence": self.confidence,
-            "slots": dict(self.slots),
-            "required": list(self.required),
-            "needs_confirmation": self.needs_confirmation,
-            "confirmed": self.confirmed,
-            "version": self.version,
-            "flow_active": self.flow_active,
-            "last_event": self.last_event,
-            "waiting": self.waiting,
-            "offered": self.offered,
-        }
+    def snapshot(self) -> DialogueState:
+        """The state as a record (see `restore`)."""
+        return DialogueState(
+            state=self.state,
+            intent=self.intent,
+            confidence=self.confidence,
+            slots=dict(self.slots),
+            required=tuple(self.required),
+            needs_confirmation=self.needs_confirmation,
+            confirmed=self.confirmed,
+            version=self.version,
+            last_event=self.last_event,
+            waiting=self.waiting,
+            offered=self.offered,
+        )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DialogueStateMachine:
-        """Rebuild a machine from `to_dict` output (`flow_active` is derived, not read)."""
+    def restore(cls, dialogue: DialogueState) -> DialogueStateMachine:
+        """A machine standing where `snapshot` left one."""
         machine = cls()
-        machine.state = State(data["state"])
-        machine.intent = data.get("intent")
-        machine.confidence = float(data.get("confidence", 0.0))
-        machine.slots = dict(data.get("slots", {}))
-        machine.required = list(data.get("required", []))
-        machine.needs_confirmation = bool(data.get("needs_confirmation", False))
-        machine.confirmed = bool(data.get("confirmed", False))
-        machine.version = int(data.get("version", 0))
-        machine.last_event = data.get("last_event")
-        machine.waiting = data.get("waiting")
-        machine.offered = data.get("offered")
+        machine.state = dialogue.state
+        machine.intent = dialogue.intent
+        machine.confidence = dialogue.confidence
+        machine.slots = dict(dialogue.slots)
+        machine.required = list(dialogue.required)
+        machine.needs_confirmation = dialogue.needs_confirmation
+        machine.confirmed = dialogue.confirmed
+        machine.version = dialogue.version
+        machine.last_event = dialogue.last_event
+        machine.waiting = dialogue.waiting
+        machine.offered = dialogue.offered
         return machine
 
 
 def apply_with_retry(
-    load: Callable[[], tuple[dict[str, Any], int]],
-    save: Callable[[dict[str, Any], int], None],
+    load: Callable[[], tuple[DialogueState, int]],
+    save: Callable[[DialogueState, int], None],
     event: DialogueEvent,
     stale_error: type[Exception],
     attempts: int = 3,
-) -> dict[str, Any]:
+) -> DialogueState:
     """Apply an event under optimistic locking, reloading and reapplying when beaten to it.
 
     Args:
-        load: Returns the stored state dict and the version to compare-and-set against.
+        load: Returns the stored state and the version to compare-and-set against.
         save: Stores a new state only if the stored version still equals the given one;
             raises `stale_error` otherwise.
         event: The event to apply. Because replays are no-ops, reapplying after a save that
@@ -270,7 +257,7 @@ def apply_with_retry(
         attempts: How many load-apply-save rounds to try.
 
     Returns:
-        The state dict as saved (or as loaded, if the event was already applied).
+        The state as saved (or as loaded, if the event was already applied).
 
     Raises:
         stale_error: Still stale after `attempts` rounds.
@@ -280,10 +267,10 @@ def apply_with_retry(
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     for attempt in range(attempts):
         stored, version = load()
-        machine = DialogueStateMachine.from_dict(stored)
+        machine = DialogueStateMachine.restore(stored)
         if not machine.apply(event):
             return stored
-        new = machine.to_dict()
+        new = machine.snapshot()
         try:
             save(new, version)
         except stale_error:

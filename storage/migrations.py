@@ -36,6 +36,7 @@ from sqlalchemy import (
     insert,
     select,
     text,
+    update,
 )
 from sqlalchemy.engine import Connection
 
@@ -175,11 +176,33 @@ def _create_answer_audits(conn: Connection) -> None:
     v4.create_all(conn)
 
 
+def _add_session_pins(conn: Connection) -> None:
+    """Version 5: whether a session is kept from expiring, a column its owner sets with each state.
+
+    Until now the store read the rule from the state itself (a top-level `"flow_active": true`
+    kept a session mid-flow alive); that flag moves into the column and out of the state.
+    """
+    conn.execute(text("ALTER TABLE sessions ADD COLUMN pinned BOOLEAN DEFAULT FALSE NOT NULL"))
+    v5 = MetaData()
+    sessions = Table(
+        "sessions",
+        v5,
+        Column("id", String(128), primary_key=True),
+        Column("state", JSON, nullable=False),
+        Column("pinned", Boolean, nullable=False),
+    )
+    for session_id, state in conn.execute(select(sessions.c.id, sessions.c.state)).all():
+        if isinstance(state, dict) and "flow_active" in state:
+            pinned = state.pop("flow_active") is True
+            conn.execute(update(sessions).where(sessions.c.id == session_id).values(state=state, pinned=pinned))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create sessions, messages and session facts", _create_tables),
     Migration(2, "create answer cache entries", _create_answer_entries),
     Migration(3, "add turn leases to sessions and reply_to to messages", _add_turn_leases_and_reply_to),
     Migration(4, "create answer cache audits", _create_answer_audits),
+    Migration(5, "add pinned to sessions, from the state's flow_active", _add_session_pins),
 )
 
 

@@ -81,6 +81,8 @@ class SessionRow(Base):
     # Which process is answering the session now, and until when (storage.leases).
     lease_holder: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Kept from expiring while its state stands (the owner of the state decides; see SessionStore).
+    pinned: Mapped[bool] = mapped_column(Boolean)
 
     def record(self) -> ChatSession:
         """Copy this row into a value that outlives the database session."""
@@ -95,6 +97,7 @@ class SessionRow(Base):
             created_at=self.created_at,
             updated_at=self.updated_at,
             expires_at=self.expires_at,
+            pinned=self.pinned,
         )
 
 

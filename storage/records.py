@@ -42,7 +42,8 @@ class ChatSession:
     """One conversation between a user and a bot.
 
     `version` counts writes to `state`; pass it back to `SessionStore.update_state` so a
-    concurrent change is detected instead of overwritten.
+    concurrent change is detected instead of overwritten. `state` is the caller's, stored as
+    given; `pinned` says the caller, writing it, kept the session from expiring.
     """
 
     id: str
@@ -55,6 +56,7 @@ class ChatSession:
     created_at: datetime
     updated_at: datetime
     expires_at: datetime
+    pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)

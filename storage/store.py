@@ -6,9 +6,9 @@ session row *first*: on SQLite that takes the write lock before anything is read
 stale read snapshot to upgrade), and on PostgreSQL it row-locks the session, so message
 numbering and fact upserts cannot race.
 
-It does not decide *when* a session should end or what its state means; the dialogue
-layer does. The one rule it knows is that a session whose state has `"flow_active": true`
-is mid-flow and never expires.
+It does not decide *when* a session should end or what its state means: the state is the
+caller's, stored and returned as given, never read. Whoever writes the state says with it
+whether the session is `pinned` (kept from expiring while that state stands, e.g. mid-flow).
 """
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ _Query = TypeVar("_Query", bound=Select[Any])
 
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def _mid_flow(state: Mapping[str, Any]) -> bool:
-    """A flow in progress (a form half filled, a booking half made) must not be cut off."""
-    return state.get("flow_active") is True
 
 
 class SessionStore:
@@ -185,6 +180,7 @@ class SessionStore:
             status=SessionStatus.ACTIVE,
             version=1,
             state={},
+            pinned=False,
             created_at=now,
             updated_at=now,
             expires_at=now + self.ttl,
@@ -284,14 +280,15 @@ class SessionStore:
                 raise UnknownSessionError(session_id)
 
     def update_state(
-        self, session_id: str, new_state: Mapping[str, Any], expected_version: int
+        self, session_id: str, new_state: Mapping[str, Any], expected_version: int, *, pinned: bool = False
     ) -> ChatSession:
-        """Replace the dialogue state if nobody else changed it since it was read.
+        """Replace the session's state if nobody else changed it since it was read.
 
         Args:
             session_id: The session to update.
             new_state: The whole new state; must be JSON-serialisable.
             expected_version: The `version` of the session the caller read.
+            pinned: Keep the session from expiring while this state stands.
 
         Returns:
             The session with the new state and `version` one higher.
@@ -304,10 +301,10 @@ class SessionStore:
         check_id("session id", session_id)
         now = self._clock()
         with self._db.transaction() as db:
-            return self._replace_state(db, session_id, new_state, expected_version, now)
+            return self._replace_state(db, session_id, new_state, expected_version, pinned, now)
 
     def expire_sessions(self, now: datetime | None = None) -> list[str]:
-        """Mark active sessions past their expiry as expired, except those mid-flow.
+        """Mark active sessions past their expiry as expired, except pinned ones.
 
         Args:
             now: The aware time to compare against; defaults to the store's clock.
@@ -317,17 +314,18 @@ class SessionStore:
         """
         now = now if now is not None else self._clock()
         with self._db.transaction() as db:
-            stale = db.execute(
-                select(SessionRow.id, SessionRow.version, SessionRow.state)
-                .where(SessionRow.status == SessionStatus.ACTIVE, SessionRow.expires_at <= now)
+            due = db.execute(
+                select(SessionRow.id, SessionRow.version)
+                .where(
+                    SessionRow.status == SessionStatus.ACTIVE,
+                    SessionRow.expires_at <= now,
+                    SessionRow.pinned.is_(False),
+                )
                 .order_by(SessionRow.expires_at, SessionRow.id)
             ).all()
-        due = [
-            (session_id, version) for session_id, version, state in stale if not _mid_flow(state)
-        ]
         expired = []
         # A second transaction, which writes first (see the module docstring); the version
-        # guard skips any session whose state changed after the read above.
+        # guard skips any session whose state (and with it `pinned`) changed after the read above.
         with self._db.transaction() as db:
             for session_id, version in due:
                 changed = rows_changed(
@@ -452,6 +450,7 @@ class SessionStore:
         reply_to: int,
         state: Mapping[str, Any],
         expected_version: int,
+        pinned: bool = False,
         facts: Sequence[NewFact] = (),
         lease: str | None = None,
     ) -> CommittedTurn:
@@ -467,6 +466,7 @@ class SessionStore:
                 `append_message`.
             state: The session's whole new state; written only if the stored version is
                 still `expected_version`.
+            pinned: Keep the session from expiring while this state stands.
             facts: Facts learned this turn, each replacing any of the same kind and name.
             lease: The turn lease this write is made under.
 
@@ -493,7 +493,7 @@ class SessionStore:
                 self._upsert_fact(db, session_id, kind, fact.name, fact.value, fact.confidence, fact.source_turn, now)
                 for kind, fact in checked
             ]
-            session = self._replace_state(db, session_id, state, expected_version, now)
+            session = self._replace_state(db, session_id, state, expected_version, pinned, now)
             return CommittedTurn(message, session, stored)
 
     def facts(self, session_id: str) -> list[Fact]:
@@ -517,7 +517,13 @@ class SessionStore:
     # -- helpers --------------------------------------------------------------------
 
     def _replace_state(
-        self, db: Session, session_id: str, new_state: Mapping[str, Any], expected_version: int, now: datetime
+        self,
+        db: Session,
+        session_id: str,
+        new_state: Mapping[str, Any],
+        expected_version: int,
+        pinned: bool,
+        now: datetime,
     ) -> ChatSession:
         # Compare-and-set: the WHERE clause is the lock, so no read can go stale.
         changed = rows_changed(
@@ -530,6 +536,7 @@ class SessionStore:
             )
             .values(
                 state=dict(new_state),
+                pinned=pinned,
                 version=SessionRow.version + 1,
                 updated_at=now,
                 expires_at=now + self.ttl,

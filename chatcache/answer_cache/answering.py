@@ -61,7 +61,8 @@ def answer_scope(
     repeat it. (`chatcache eval context` measures these keys on SGD conversations.)
     """
     window = conversation.turns[conversation.context_start :]
-    slots = {str(name): str(value) for name, value in (conversation.dialogue or {}).get("slots", {}).items()}
+    dialogue = conversation.dialogue
+    slots = {str(name): str(value) for name, value in dialogue.slots.items()} if dialogue is not None else {}
     told = [m.content for m in window] + [f.value for f in conversation.facts] + [*slots.values(), question]
     if any_personal_data(told):
         return None

@@ -41,7 +41,8 @@ def run_story(engine: ChatEngine, story: Story, session_id: str, max_new_tokens:
     number = 0
     for number, turn in enumerate(story.turns, 1):
         reply = engine.chat(session_id, turn.user, max_new_tokens=max_new_tokens)
-        slots = stored_dialogue(engine.store.get_session(session_id).state).get("slots", {})
+        dialogue = stored_dialogue(session_id, engine.store.get_session(session_id).state)
+        slots = dict(dialogue.slots) if dialogue is not None else {}
         failures = [f"turn {number} ({turn.user!r}): {problem}" for problem in mismatches(turn, reply, slots)]
         if failures:
             break

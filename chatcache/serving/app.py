@@ -31,7 +31,7 @@ from ..errors import ChatCacheError, InvalidMessageError
 from ..model.loading import ChatModel
 from ..reply import ReplyStream
 from ..steering.handoff import HANDED_OFF, handoff_summary
-from ..tiers.conversations import stored_dialogue_state
+from ..tiers.conversations import stored_dialogue
 from ..steering.hcac import Embed
 from . import schemas
 from .admission import Ticket
@@ -294,7 +294,8 @@ def _guarded(call: Callable[[], Any]) -> Any:
 
 
 def _session_summary(tenant: str, session: Any) -> dict[str, Any]:
-    state = stored_dialogue_state(session.state)
+    dialogue = stored_dialogue(session.id, session.state)
+    state = dialogue.state.value if dialogue is not None else None
     return {
         "id": client_id(tenant, session.id),
         "object": "session",

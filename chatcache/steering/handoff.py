@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from chatcache.dialog.state_machine import State
+from chatcache.dialog import State
 from chatcache.storage import Fact, Message
 
 LAST_MESSAGES = 6  # the customer's messages quoted at the end

@@ -30,8 +30,18 @@ import numpy as np
 import torch
 from cachetools import LRUCache
 
-from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, EventType, IntentClassifier, IntentReader, State
-from chatcache.dialog.state_machine import DialogueStateMachine
+from chatcache.dialog import (
+    OUT_OF_SCOPE,
+    BotDefinition,
+    DialogueEvent,
+    DialogueManager,
+    DialogueState,
+    DialogueStateMachine,
+    EventType,
+    IntentClassifier,
+    IntentReader,
+    State,
+)
 
 from ..tiers.conversations import Conversation, Conversations
 from .drift import DriftConfig, DriftDetector, is_low_information, returns_to_dropped
@@ -166,7 +176,7 @@ class ContextCoordinator:
         # One batch: the assistant's last turn is context the new user turn is judged against.
         vectors = self.embed([text] if assistant_text is None or self.drift is None else [text, assistant_text])
         context = TurnContext(embedding=vectors[0])
-        before = dict(conversation.dialogue or {})  # the dialogue as the last turn left it
+        before = conversation.dialogue  # as the last turn left it (a record: stepping replaces it)
         if self.manager is not None:
             self._step_dialogue(conversation, text, turn_id, context)
         if self.drift is not None:
@@ -182,7 +192,7 @@ class ContextCoordinator:
         text: str,
         embedding: np.ndarray,
         assistant: tuple[str, np.ndarray] | None,
-        before: dict[str, Any],
+        before: DialogueState | None,
         context: TurnContext,
     ) -> None:
         """Ask the detector about this turn; on a drift, drop the old topic from the turn tier and the prompt."""
@@ -195,14 +205,14 @@ class ContextCoordinator:
             conversation.reset_from = None  # judged: the reset stands, or is undone
         if not detector.knows(conversation.id):  # a new process: the topic is in the stored turns
             stored = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
-            detector.resume(conversation.id, stored, self.embed, _domain_hint(before.get("intent")))
+            detector.resume(conversation.id, stored, self.embed, _domain_hint(before.intent if before is not None else None))
         result = detector.observe(
             conversation.id,
             embedding,
             text,
             assistant_embedding=assistant[1] if assistant else None,
             assistant_text=assistant[0] if assistant else None,
-            task_closed=before.get("state") == State.DONE.value,
+            task_closed=before is not None and before.state == State.DONE,
             domain_hint=_domain_hint(context.intent),
         )
         if result.drift and conversation.turns:
@@ -226,23 +236,23 @@ class ContextCoordinator:
     def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
         assert self.manager is not None
         state = conversation.dialogue
-        if state and State(state["state"]) == State.HANDED_OFF:  # a person answers until they hand it back
+        if state is not None and state.state == State.HANDED_OFF:  # a person answers until they hand it back
             context.awaiting_agent, context.dialogue_state = True, State.HANDED_OFF.value
-            context.intent = state.get("intent")
+            context.intent = state.intent
             return
-        if state and State(state["state"]) == State.ACTING:
-            machine = DialogueStateMachine.from_dict(state)  # a new user turn starts over
+        if state is not None and state.state == State.ACTING:
+            machine = DialogueStateMachine.restore(state)  # a new user turn starts over
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{turn_id}:reset"))
-            state = machine.to_dict()
+            state = machine.snapshot()
         previous_text = next((turn.content for turn in reversed(conversation.turns) if turn.role == "user"), None)
         decision = self.manager.handle(state, text, turn_id, context.embedding, previous_text)
         conversation.dialogue = decision.state
         context.intent, context.confidence = decision.intent, decision.confidence
-        context.dialogue_state = decision.state["state"]
+        context.dialogue_state = decision.state.state.value
         context.cacheable, context.bot_reply, context.action = decision.cacheable, decision.prompt, decision.action
         context.confirmed = decision.confirmed
         self.turn_tier.put(conversation.id, "intent_candidate", (decision.intent, decision.confidence))
-        slots = dict(decision.state.get("slots", {}))
+        slots = dict(decision.state.slots)
         if decision.confirmed and decision.intent != OUT_OF_SCOPE:
             context.promoted = self._promote(conversation, decision.intent, decision.confidence, slots)
         else:
@@ -263,9 +273,9 @@ class ContextCoordinator:
         if self.manager is None or context.dialogue_state != State.ACTING.value:
             return
         assert conversation.dialogue is not None
-        machine = DialogueStateMachine.from_dict(conversation.dialogue)
+        machine = DialogueStateMachine.restore(conversation.dialogue)
         machine.apply(DialogueEvent(EventType.ACTED, {"action": context.action}, f"{turn_id}:acted"))
-        conversation.dialogue = machine.to_dict()
+        conversation.dialogue = machine.snapshot()
         context.dialogue_state = machine.state.value
 
     def release(self, session_id: str) -> None:

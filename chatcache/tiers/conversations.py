@@ -27,6 +27,7 @@ from typing import Any
 
 from datetime import datetime, timezone
 
+from chatcache.dialog import DialogueState, dialogue_from_json, dialogue_to_json
 from chatcache.storage import Fact, FactKind, NewFact, SessionHead, SessionStore
 from chatcache.storage import Message as StoredMessage
 from chatcache.storage.rules import text_problem
@@ -36,21 +37,27 @@ from ..model.prompt import Message, RenderedSegments
 
 CONTEXT_START = "context_start"  # state key: conversation messages before the prompt window
 RESET_FROM = "reset_from"  # state key: the window's start before a drift reset the next turn may undo
-DIALOGUE = "dialogue"  # state key: the dialogue state machine's dict
-
-
-def stored_dialogue(state: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The dialogue state machine's dict a session's stored state holds (empty if none)."""
-    dialogue = (state or {}).get(DIALOGUE)
-    return dialogue if isinstance(dialogue, dict) else {}
-
-
-def stored_dialogue_state(state: Mapping[str, Any] | None) -> str | None:
-    """The dialogue state ("COLLECTING_SLOTS", "HANDED_OFF", ...) a session's stored state holds, if any."""
-    value = stored_dialogue(state).get("state")
-    return value if isinstance(value, str) else None
+DIALOGUE = "dialogue"  # state key: the dialogue state, as `dialogue_to_json` writes it
 
 log = logging.getLogger("chatcache")
+
+
+def stored_dialogue(session_id: str, state: Mapping[str, Any]) -> DialogueState | None:
+    """The dialogue state a session's stored state holds; None if it holds none.
+
+    An unreadable one (a tampered row) reads as none, with a warning: the conversation goes on
+    from the start of its flow rather than failing every turn.
+    """
+    data = state.get(DIALOGUE)
+    if data is None:
+        return None
+    try:
+        if not isinstance(data, dict):
+            raise TypeError(f"not a JSON object but {type(data).__name__}")
+        return dialogue_from_json(data)
+    except (TypeError, ValueError) as error:
+        log.warning("session %r: its stored dialogue state is unreadable (%s); starting without one", session_id, error)
+        return None
 
 
 @dataclass
@@ -58,9 +65,10 @@ class Conversation:
     """One session's conversation as the engine uses it during a turn.
 
     Its session state is typed here and nowhere else: `dialogue` (the dialogue state
-    machine's dict), `context_start` (messages before the prompt window) and `reset_from` (the
+    machine's record), `context_start` (messages before the prompt window) and `reset_from` (the
     start before a drift reset, until the next informative turn confirms or undoes it);
-    `stored_state` is what the session tier keeps of them. `learned` holds the facts this turn confirmed,
+    `stored_state` is what the session tier keeps of them, and `flow_active` whether it must
+    keep the session from expiring meanwhile. `learned` holds the facts this turn confirmed,
     shown in `system` already and stored by the turn's commit.
     """
 
@@ -69,7 +77,7 @@ class Conversation:
     turns: list[Message] = field(default_factory=list)
     context_start: int = 0
     reset_from: int | None = None
-    dialogue: dict[str, Any] | None = None
+    dialogue: DialogueState | None = None
     segments: RenderedSegments = field(default_factory=RenderedSegments)
     facts: list[Fact] = field(default_factory=list)
     learned: list[NewFact] = field(default_factory=list)
@@ -86,11 +94,13 @@ class Conversation:
 
     @property
     def flow_active(self) -> bool:
-        """A flow is half done (the session tier never expires such a session)."""
-        return bool(self.dialogue and self.dialogue.get("flow_active"))
+        """A flow is half done: the session tier is told to keep the session (`pinned`) meanwhile."""
+        return self.dialogue is not None and self.dialogue.flow_active
 
     def stored_state(self) -> dict[str, Any]:
-        return {DIALOGUE: self.dialogue, "flow_active": self.flow_active, CONTEXT_START: self.context_start, RESET_FROM: self.reset_from}
+        """The session state as the session tier keeps it (opaque to it)."""
+        dialogue = dialogue_to_json(self.dialogue) if self.dialogue is not None else None
+        return {DIALOGUE: dialogue, CONTEXT_START: self.context_start, RESET_FROM: self.reset_from}
 
 
 def _window_start(session_id: str, stored: object, turns: int) -> int:
@@ -195,7 +205,6 @@ class Conversations:
                 if question is not None:
                     turns += [question, Message("assistant", record.content, self._generated_ids(record))]
         last_seq = records[-1].seq if records else 0
-        dialogue = state.get(DIALOGUE)
         context_start = _window_start(session_id, state.get(CONTEXT_START, 0), len(turns))
         reset_from = state.get(RESET_FROM)
         conversation = Conversation(
@@ -204,7 +213,7 @@ class Conversations:
             turns=turns,
             context_start=context_start,
             reset_from=reset_from if type(reset_from) is int and 0 <= reset_from < context_start and reset_from % 2 == 0 else None,
-            dialogue=dict(dialogue) if isinstance(dialogue, dict) else None,
+            dialogue=stored_dialogue(session_id, state),
             facts=facts,
             version=version,
             last_seq=last_seq,
@@ -303,6 +312,7 @@ class Conversations:
             reply_to=user_seq,
             state=conversation.stored_state(),
             expected_version=conversation.version,
+            pinned=conversation.flow_active,
             facts=conversation.learned,
             lease=conversation.lease,
         )
@@ -311,6 +321,17 @@ class Conversations:
         stored = {(fact.kind, fact.name): fact for fact in committed.facts}  # a fact promoted twice: its last row
         conversation.facts = [f for f in conversation.facts if (f.kind, f.name) not in stored] + list(stored.values())
         conversation.learned = []
+
+    def store_state(self, conversation: Conversation) -> None:
+        """Store the conversation's state outside a turn's commit (a person handed it back).
+
+        Raises:
+            StaleVersionError: the stored state changed since the copy was read.
+        """
+        session = self.store.update_state(
+            conversation.id, conversation.stored_state(), conversation.version, pinned=conversation.flow_active
+        )
+        conversation.version = session.version
 
     def promote(self, conversation: Conversation, facts: list[tuple[str, str, str, float]], turn: int) -> None:
         """Confirm (kind, name, value, confidence) facts: the system message shows them from this

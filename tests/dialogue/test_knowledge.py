@@ -123,7 +123,7 @@ def test_a_recognised_question_gets_its_curated_answer_and_the_flow_is_done(bot,
     # promote_threshold=1: the intent is accepted, not confirmed; its answer is given all the same.
     decision = DialogueManager(bot, IntentClassifier(bot, toy_embed), promote_threshold=1.0).handle(None, "When will my new card arrive")
     assert decision.intent == "card_arrival" and decision.prompt == "A new card arrives within 5 working days."
-    assert decision.state["state"] == "DONE" and decision.action is None and not decision.confirmed
+    assert decision.state.state == "DONE" and decision.action is None and not decision.confirmed
 
 
 def test_a_question_no_intent_fits_is_left_to_the_model(bot, toy_embed) -> None:  # type: ignore[no-untyped-def]
@@ -136,10 +136,10 @@ def test_a_new_value_at_the_confirmation_corrects_the_slot(bot, toy_embed) -> No
     asked = manager.handle(None, "send 200 to account 12345674")
     assert asked.prompt == "Send 200 to 12345674?"
     corrected = manager.handle(asked.state, "no, make it 300")
-    assert corrected.state["state"] == "CONFIRMING" and corrected.state["slots"]["amount"] == "300"
+    assert corrected.state.state == "CONFIRMING" and corrected.state.slots["amount"] == "300"
     assert corrected.prompt == "Send 300 to 12345674?"
     declined = manager.handle(corrected.state, "no")
-    assert declined.state["state"] == "IDLE" and declined.prompt == CANCELLED_REPLY and declined.action is None
+    assert declined.state.state == "IDLE" and declined.prompt == CANCELLED_REPLY and declined.action is None
 
 
 def test_never_mind_calls_the_flow_off(bot, toy_embed) -> None:  # type: ignore[no-untyped-def]
@@ -147,7 +147,7 @@ def test_never_mind_calls_the_flow_off(bot, toy_embed) -> None:  # type: ignore[
     asked = manager.handle(None, "I want to send money to someone")
     assert asked.prompt == "How much would you like to send?"
     off = manager.handle(asked.state, "never mind")
-    assert off.state["state"] == "IDLE" and off.intent == OUT_OF_SCOPE and off.prompt == CANCELLED_REPLY
+    assert off.state.state == "IDLE" and off.intent == OUT_OF_SCOPE and off.prompt == CANCELLED_REPLY
 
 
 def test_a_question_mid_flow_is_answered_and_the_flow_resumes(bot, toy_embed) -> None:  # type: ignore[no-untyped-def]
@@ -155,6 +155,6 @@ def test_a_question_mid_flow_is_answered_and_the_flow_resumes(bot, toy_embed) ->
     asked = manager.handle(None, "I want to send money to someone")
     digression = manager.handle(asked.state, "what exchange rate do you use")
     assert digression.prompt == "We use the market rate at the moment of the exchange.\n\nHow much would you like to send?"
-    assert digression.state["state"] == "COLLECTING_SLOTS" and digression.intent == "make_transfer"
+    assert digression.state.state == "COLLECTING_SLOTS" and digression.intent == "make_transfer"
     resumed = manager.handle(digression.state, "150")
-    assert resumed.state["slots"] == {"amount": "150"} and resumed.prompt == "Which account?"
+    assert resumed.state.slots == {"amount": "150"} and resumed.prompt == "Which account?"

@@ -17,48 +17,48 @@ def test_flow_asks_each_missing_slot_then_confirms_then_acts(bot, embed) -> None
     # promote_threshold=1: only the user's "yes" may confirm here, not the classifier.
     manager = DialogueManager(bot, IntentClassifier(bot, embed), promote_threshold=1.0)
     first = manager.handle(None, "I want to transfer money")
-    assert (first.intent, first.state["state"]) == ("transfer_money", "COLLECTING_SLOTS")
+    assert (first.intent, first.state.state) == ("transfer_money", "COLLECTING_SLOTS")
     assert first.prompt == "How much would you like to transfer?"
-    assert first.state["flow_active"] and first.action is None
+    assert first.state.flow_active and first.action is None
 
     second = manager.handle(first.state, "250 dollars")
-    assert second.state["slots"] == {"amount": "250"}
+    assert second.state.slots == {"amount": "250"}
     assert second.prompt == "What is the 8-digit number of the account it should go to?"
 
     third = manager.handle(second.state, "it's 12345674")
-    assert third.state["state"] == "CONFIRMING"
+    assert third.state.state == "CONFIRMING"
     assert third.prompt == "Shall I transfer 250 to account 12345674?"
     assert not third.confirmed
 
     fourth = manager.handle(third.state, "yes please")
     assert fourth.confirmed and fourth.action == "transfer_money"
-    assert fourth.state["state"] == "ACTING" and fourth.prompt is None
+    assert fourth.state.state == "ACTING" and fourth.prompt is None
 
 
 def test_slots_given_up_front_are_not_asked_for(manager) -> None:
     decision = manager.handle(None, "transfer 40 to account 87654323")
-    assert decision.state["slots"] == {"amount": "40", "to_account": "87654323"}
-    assert decision.state["state"] == "CONFIRMING"
+    assert decision.state.slots == {"amount": "40", "to_account": "87654323"}
+    assert decision.state.state == "CONFIRMING"
 
 
 def test_no_at_confirmation_cancels(manager) -> None:
     asked = manager.handle(None, "I lost my debit card")
     assert asked.prompt == "Shall I block your debit card now?"
     cancelled = manager.handle(asked.state, "no, don't do it")
-    assert cancelled.state["state"] == "IDLE" and cancelled.intent == OUT_OF_SCOPE
+    assert cancelled.state.state == "IDLE" and cancelled.intent == OUT_OF_SCOPE
 
 
 def test_unclear_reply_mid_flow_reasks_the_question_saying_an_amount_is_a_number(manager) -> None:
     asked = manager.handle(None, "I want to transfer money")
     again = manager.handle(asked.state, "hmm, let me think")
-    assert again.state["state"] == "COLLECTING_SLOTS"
+    assert again.state.state == "COLLECTING_SLOTS"
     assert again.prompt == f"{NOT_A_NUMBER}\n\n{asked.prompt}" and again.intent == "transfer_money"
 
 
 def test_cacheable_intent_without_flow_acts_at_once(manager) -> None:
     decision = manager.handle(None, "What are your opening hours?")
     assert decision.intent == "opening_hours" and decision.cacheable
-    assert decision.state["state"] == "ACTING" and decision.action is None
+    assert decision.state.state == "ACTING" and decision.action is None
     assert not manager.handle(None, "Check my balance please").cacheable
 
 
@@ -74,7 +74,7 @@ def test_high_confidence_promotes_to_confirmed(bot, embed) -> None:
 
 def test_hand_off_and_then_no_more_bot_turns(manager) -> None:
     handed = manager.handle(None, "I want to talk to a human")
-    assert handed.state["state"] == "HANDED_OFF" and handed.intent == "talk_to_human"
+    assert handed.state.state == "HANDED_OFF" and handed.intent == "talk_to_human"
     with pytest.raises(IllegalTransitionError, match="HANDED_OFF"):
         manager.handle(handed.state, "check my balance please")
 
@@ -88,7 +88,7 @@ def test_retried_turn_is_a_no_op(manager) -> None:
 def test_out_of_scope_turn(manager) -> None:
     decision = manager.handle(None, "quantum chromodynamics lecture")
     assert decision.intent == OUT_OF_SCOPE and decision.prompt is None and not decision.cacheable
-    assert decision.state["state"] == "IDLE" and decision.state["version"] == 1
+    assert decision.state.state == "IDLE" and decision.state.version == 1
 
 
 
@@ -100,11 +100,11 @@ def test_a_flow_without_an_action_gives_its_fixed_response_and_is_done(write_sho
     manager = DialogueManager(bot, IntentClassifier(bot, embed))
     hours = manager.handle(None, "When are you open?")
     assert hours.prompt == "We are open from 9 to 5 on weekdays."
-    assert hours.state["state"] == "DONE" and hours.action is None
+    assert hours.state.state == "DONE" and hours.action is None
     asked = manager.handle(hours.state, "Where is my order?")
     assert asked.prompt == "What is your 6-digit order number?"
     answered = manager.handle(asked.state, "it is 123456")
-    assert answered.prompt == "Order 123456 ships within two days." and answered.state["state"] == "DONE"
+    assert answered.prompt == "Order 123456 ships within two days." and answered.state.state == "DONE"
     again = manager.handle(answered.state, "When are you open?", turn_id="t9")
     assert again.prompt == hours.prompt  # a done flow starts over on the next request
 

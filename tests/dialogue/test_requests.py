@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, DialogueStateMachine, EventType, IntentClassifier
+from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, DialogueEvent, DialogueManager, DialogueState, DialogueStateMachine, EventType, IntentClassifier
 from chatcache.dialog.manager import DECLINED_REPLY, OFFER_REFUSED_REPLY
 from chatcache.dialog.requests import declined, two_requests
 
@@ -95,11 +95,11 @@ def manager(small_bank: BotDefinition, embed: Any) -> DialogueManager:
     return DialogueManager(small_bank, IntentClassifier(small_bank, embed))
 
 
-def acted(state: dict[str, Any]) -> dict[str, Any]:
+def acted(state: DialogueState) -> DialogueState:
     """The state once the caller performed the decision's action (as the engine does)."""
-    machine = DialogueStateMachine.from_dict(state)
+    machine = DialogueStateMachine.restore(state)
     machine.apply(DialogueEvent(EventType.ACTED, event_id="acted"))
-    return machine.to_dict()
+    return machine.snapshot()
 
 
 def test_declining_what_the_bot_does_starts_nothing(manager: DialogueManager) -> None:
@@ -107,7 +107,7 @@ def test_declining_what_the_bot_does_starts_nothing(manager: DialogueManager) ->
     for text in ("I don't want to block my card", "I'd rather not block my card"):
         decision = manager.handle(None, text)
         assert decision.prompt == DECLINED_REPLY
-        assert decision.state["state"] == "IDLE" and decision.intent == OUT_OF_SCOPE and decision.action is None
+        assert decision.state.state == "IDLE" and decision.intent == OUT_OF_SCOPE and decision.action is None
 
 
 def test_declining_what_the_bot_only_answers_is_no_decline_to_heed(manager: DialogueManager) -> None:
@@ -120,7 +120,7 @@ def test_declining_what_the_bot_only_answers_is_no_decline_to_heed(manager: Dial
 def test_declining_another_request_mid_flow_keeps_the_flow(manager: DialogueManager) -> None:
     asked = manager.handle(None, "I want to send money")
     decision = manager.handle(asked.state, "I don't want to block my card")
-    assert decision.state["state"] == "COLLECTING_SLOTS" and decision.intent == "transfer_money"
+    assert decision.state.state == "COLLECTING_SLOTS" and decision.intent == "transfer_money"
     assert decision.prompt == "All right, I will not do that.\n\nHow much would you like to send?"
 
 
@@ -130,7 +130,7 @@ def test_a_decline_mid_flow_not_surely_of_another_request_calls_the_flow_off(man
     assert unsure.intent == "block_card" and unsure.confidence <= 1.0
     strict = DialogueManager(manager.bot, manager.classifier, promote_threshold=1.0)  # no reading is sure enough
     decision = strict.handle(asked.state, "I don't want to block my card")
-    assert decision.state["state"] == "IDLE" and decision.intent == OUT_OF_SCOPE and decision.action is None
+    assert decision.state.state == "IDLE" and decision.intent == OUT_OF_SCOPE and decision.action is None
 
 
 def test_two_answers_in_one_message_are_both_given(manager: DialogueManager) -> None:
@@ -142,17 +142,17 @@ def test_a_second_request_that_acts_is_offered_once_the_first_is_done_and_yes_ta
     first = manager.handle(None, "what's my balance and please block my card now")
     assert first.intent == "check_balance" and first.action == "balance"
     assert first.prompt == "You also asked about blocking your card: shall I go on with that?"
-    assert first.state["offered"] == "block my card now" and first.state["waiting"] is None
+    assert first.state.offered == "block my card now" and first.state.waiting is None
     taken = manager.handle(acted(first.state), "yes please")
     assert taken.intent == "block_card" and taken.prompt == "Shall I block your card now?"
-    assert taken.state["offered"] is None  # offered once: answered
+    assert taken.state.offered is None  # offered once: answered
 
 
 def test_no_thanks_to_the_offer_closes_it(manager: DialogueManager) -> None:
     first = manager.handle(None, "what's my balance and please block my card now")
     refused = manager.handle(acted(first.state), "no thanks")
     assert refused.prompt == OFFER_REFUSED_REPLY and refused.intent == OUT_OF_SCOPE and refused.action is None
-    assert refused.state["offered"] is None and refused.state["state"] == "IDLE"
+    assert refused.state.offered is None and refused.state.state == "IDLE"
     later = manager.handle(refused.state, "yes")  # nothing is on offer any more
     assert later.intent == OUT_OF_SCOPE
 
@@ -167,13 +167,13 @@ def test_an_answer_first_then_the_second_request_offered(manager: DialogueManage
 def test_another_request_instead_of_an_answer_to_the_offer_drops_it(manager: DialogueManager) -> None:
     first = manager.handle(None, "What are your opening hours? What's my balance?")
     other = manager.handle(first.state, "what are your fees")
-    assert other.prompt == "Transfers within the country are free." and other.state["offered"] is None
+    assert other.prompt == "Transfers within the country are free." and other.state.offered is None
     assert manager.handle(other.state, "yes").intent == OUT_OF_SCOPE
 
 
 def test_the_same_intent_twice_is_one_request(manager: DialogueManager) -> None:
     decision = manager.handle(None, "what's my balance and show me my balance")
-    assert decision.intent == "check_balance" and decision.state["waiting"] is None and decision.state["offered"] is None
+    assert decision.intent == "check_balance" and decision.state.waiting is None and decision.state.offered is None
 
 
 def test_a_one_clause_request_with_and_in_a_noun_phrase_gets_one_answer(small_bank: BotDefinition, embed: Any, tmp_path: Any) -> None:
@@ -190,4 +190,4 @@ def test_a_one_clause_request_with_and_in_a_noun_phrase_gets_one_answer(small_ba
     assert manager.classifier.classify("conditions of my account").intent == "check_balance"
     decision = manager.handle(None, "I want to read the terms and conditions of my account")
     assert decision.prompt == "Our terms are at bank.example/terms."
-    assert decision.state["waiting"] is None and decision.state["offered"] is None
+    assert decision.state.waiting is None and decision.state.offered is None

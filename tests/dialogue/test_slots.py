@@ -103,7 +103,7 @@ def manager(small_bank: BotDefinition, embed: Any) -> DialogueManager:
 
 def test_a_default_fills_its_slot_and_is_never_asked(manager: DialogueManager) -> None:
     asked = manager.handle(None, "I want to send money")
-    assert asked.state["slots"] == {"currency": "EUR"} and asked.prompt == "How much would you like to send?"
+    assert asked.state.slots == {"currency": "EUR"} and asked.prompt == "How much would you like to send?"
     account = manager.handle(asked.state, "50")
     assert account.prompt == "To which account?"
     confirm = manager.handle(account.state, "12345674")
@@ -112,18 +112,18 @@ def test_a_default_fills_its_slot_and_is_never_asked(manager: DialogueManager) -
 
 def test_a_currency_said_overrides_the_default(manager: DialogueManager) -> None:
     decision = manager.handle(None, "send 50 euros to account 12345674")
-    assert decision.state["slots"] == {"currency": "EUR", "amount": "50", "to_account": "12345674"}
+    assert decision.state.slots == {"currency": "EUR", "amount": "50", "to_account": "12345674"}
 
 
 def test_a_refused_value_says_why_and_the_flow_asks_again(manager: DialogueManager) -> None:
     dollars = manager.handle(None, "send 50 dollars to account 12345674")
     assert dollars.prompt == "We send euros only, not USD.\n\nHow much would you like to send?"
-    assert "amount" not in dollars.state["slots"] and dollars.state["slots"]["currency"] == "EUR"  # never sent as 50 EUR
+    assert "amount" not in dollars.state.slots and dollars.state.slots["currency"] == "EUR"  # never sent as 50 EUR
     negative = manager.handle(None, "send -50 to account 12345674")
     assert negative.prompt == "An amount has to be more than zero, and -50 is not.\n\nHow much would you like to send?"
     closed = manager.handle(None, "send 50 to account 99999999")
     assert closed.prompt == "99999999 is a closed account; give another one.\n\nTo which account?"
-    assert closed.state["state"] == "COLLECTING_SLOTS" and "to_account" not in closed.state["slots"]
+    assert closed.state.state == "COLLECTING_SLOTS" and "to_account" not in closed.state.slots
 
 
 def test_mid_flow_a_refused_value_is_refused_and_a_good_one_taken(manager: DialogueManager) -> None:
@@ -131,15 +131,15 @@ def test_mid_flow_a_refused_value_is_refused_and_a_good_one_taken(manager: Dialo
     zero = manager.handle(asked.state, "0")
     assert zero.prompt == "An amount has to be more than zero, and 0 is not.\n\nHow much would you like to send?"
     pounds = manager.handle(zero.state, "£20")
-    assert pounds.prompt == "We send euros only, not GBP.\n\nHow much would you like to send?" and "amount" not in pounds.state["slots"]
+    assert pounds.prompt == "We send euros only, not GBP.\n\nHow much would you like to send?" and "amount" not in pounds.state.slots
     good = manager.handle(pounds.state, "20")
-    assert good.state["slots"]["amount"] == "20" and good.prompt == "To which account?"
+    assert good.state.slots["amount"] == "20" and good.prompt == "To which account?"
 
 
 def test_an_amount_answer_without_figures_is_told_how_to_give_it(manager: DialogueManager) -> None:
     asked = manager.handle(None, "I want to send money")
     words = manager.handle(asked.state, "fifty")
-    assert words.prompt == f"{NOT_A_NUMBER}\n\nHow much would you like to send?" and words.state["state"] == "COLLECTING_SLOTS"
+    assert words.prompt == f"{NOT_A_NUMBER}\n\nHow much would you like to send?" and words.state.state == "COLLECTING_SLOTS"
     account = manager.handle(manager.handle(asked.state, "50").state, "no idea")
     assert account.prompt == "To which account?"  # an account is no amount: no word about figures
 

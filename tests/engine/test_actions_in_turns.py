@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chatcache import TokenTierConfig
+from chatcache.tiers.conversations import stored_dialogue
 
 ASK = "Send 200 dollars to account 12345674"
 
@@ -34,7 +35,8 @@ def test_a_confirmed_flow_runs_its_action_and_replies_with_its_response(bank) ->
     assert (context.tenant, context.user_id, context.session_id) == ("acme", "alice", "s")
     stored = engine.store.messages("s")[-1]
     assert stored.content == done.text and stored.meta["action"]["result"] == {"reference": "T-1"}
-    assert engine.store.get_session("s").state["dialogue"]["state"] == "DONE"
+    dialogue = stored_dialogue("s", engine.store.get_session("s").state)
+    assert dialogue is not None and dialogue.state == "DONE"
 
 
 def test_a_failing_action_ends_the_flow_with_its_error_response(bank) -> None:  # type: ignore[no-untyped-def]

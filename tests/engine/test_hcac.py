@@ -9,10 +9,17 @@ import pytest
 
 from chatcache import TokenTierConfig
 from chatcache.steering.drift_model import SHIPPED_MODEL, load_model
-from chatcache.tiers.conversations import DIALOGUE
+from chatcache.dialog import State
+from chatcache.tiers.conversations import stored_dialogue
 from chatcache.storage import SessionStore, StaleVersionError
 
 TRANSFER = "I want to transfer 200 dollars to account 12345674"
+
+
+def stored_flow_state(engine) -> State | None:  # type: ignore[no-untyped-def]
+    """Where session "s" stands in its flow, as the session tier keeps it."""
+    dialogue = stored_dialogue("s", engine.store.get_session("s").state)
+    return dialogue.state if dialogue is not None else None
 
 
 @pytest.fixture
@@ -32,8 +39,9 @@ def test_flow_asks_for_confirmation_without_running_the_model(bank) -> None:  # 
     assert reply.stats.tier == "dialog" and reply.stats.generated_tokens == 0
     assert "200" in reply.text and "12345674" in reply.text
     session = engine.store.get_session("s")
-    assert session.state[DIALOGUE]["state"] == "CONFIRMING"
-    assert session.state["flow_active"] is True
+    dialogue = stored_dialogue("s", session.state)
+    assert dialogue is not None and dialogue.state == State.CONFIRMING and dialogue.flow_active
+    assert session.pinned is True  # mid-flow: the session tier keeps it from expiring
     assert session.version >= 1
 
 
@@ -46,7 +54,7 @@ def test_confirmed_intent_is_promoted_and_remembered_after_a_restart(bank, tmp_p
     facts = {(f.kind.value, f.name): f.value for f in engine.store.facts("s")}
     assert facts == {("intent", "current"): "transfer_money", ("slot", "amount"): "200", ("slot", "to_account"): "12345674"}
     assert engine.store.get_session("s").version > before
-    assert engine.store.get_session("s").state[DIALOGUE]["state"] == "DONE"
+    assert stored_flow_state(engine) == State.DONE
     engine.close()
     restarted = bank()
     conversation = restarted.conversations.open("s", create=False)
@@ -120,7 +128,7 @@ def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(
         engine.chat("s", "yes, do it", max_new_tokens=8)
     assert [m.role.value for m in engine.store.messages("s")] == ["user", "assistant", "user"]
     assert engine.store.facts("s") == facts
-    assert engine.store.get_session("s").state[DIALOGUE]["state"] == "CONFIRMING"
+    assert stored_flow_state(engine) == State.CONFIRMING
     monkeypatch.undo()
     again = engine.chat("s", "yes, do it", max_new_tokens=8)  # rebuilt from the record, the flow goes on
     assert again.dialogue_state == "DONE" and len(engine.store.facts("s")) == 3

@@ -131,3 +131,18 @@ def test_a_reply_whose_meta_is_not_an_object_reads_as_having_none(
         assert "message 2: its meta is not a JSON object" in caplog.text
         assert len(history) == 4 and history[1].generated_ids is None  # the reply's text is kept
         assert engine.chat("s", "What about Paris?", max_new_tokens=6).stats.generated_tokens == 6
+
+
+@pytest.mark.parametrize(
+    "tampered",
+    [{"state": "NOT_A_STATE"}, "CONFIRMING", {"state": "CONFIRMING", "confidence": "high"}, {"slots": 5}],
+    ids=["unknown state", "not an object", "confidence not a number", "slots not an object"],
+)
+def test_an_unreadable_dialogue_state_reads_as_none(tampered: object, caplog: pytest.LogCaptureFixture) -> None:
+    """The conversation starts its flow over, with a warning, rather than failing every turn."""
+    from chatcache.tiers.conversations import stored_dialogue
+
+    with caplog.at_level(logging.WARNING, logger="chatcache"):
+        assert stored_dialogue("s", {"dialogue": tampered}) is None
+    assert "session 's': its stored dialogue state is unreadable" in caplog.text
+    assert stored_dialogue("s", {}) is None and stored_dialogue("s", {"dialogue": None}) is None

@@ -18,11 +18,11 @@ def test_the_reply_state_and_facts_are_stored_together(store: SessionStore) -> N
     facts = [NewFact("intent", "current", "transfer", 0.97, 1), NewFact("slot", "amount", "200", 0.97, 1)]
     committed = store.commit_turn(
         "s1", "Sending 200 to Bob.", 6, {"tier": "model"}, reply_to=seq, state={"step": "confirm"},
-        expected_version=version, facts=facts,
+        expected_version=version, pinned=True, facts=facts,
     )  # fmt: skip
     reply, session = committed.reply, committed.session
     assert (reply.role.value, reply.reply_to, reply.seq) == ("assistant", seq, seq + 1)
-    assert session.state == {"step": "confirm"} and session.version == version + 1
+    assert session.state == {"step": "confirm"} and session.version == version + 1 and session.pinned
     assert [(f.kind.value, f.name, f.value) for f in store.facts("s1")] == [("intent", "current", "transfer"), ("slot", "amount", "200")]
     assert committed.facts == store.facts("s1"), "what it returns is what it stored, ids and times included"
     assert [m.content for m in store.messages("s1")] == ["send 200 to Bob", "Sending 200 to Bob."]

@@ -1,4 +1,4 @@
-"""Sessions expire after a quiet TTL, activity extends them, and flows are never cut off."""
+"""Sessions expire after a quiet TTL, activity extends them, and pinned ones (a flow mid-way) are never cut off."""
 
 from __future__ import annotations
 
@@ -61,17 +61,20 @@ def test_ended_sessions_stay_ended(hourly: SessionStore) -> None:
     assert hourly.get_session("s1").status is SessionStatus.ENDED
 
 
-def test_a_session_mid_flow_never_expires_until_the_flow_ends(
+def test_a_pinned_session_never_expires_until_a_state_unpins_it(
     hourly: SessionStore, clock: FakeClock
 ) -> None:
+    """The state's owner pins a session mid-flow; the store keeps it, reading nothing of the state."""
     session = hourly.create_session("s1", "ada", "travel")
-    in_flow = hourly.update_state("s1", {"flow_active": True, "flow": "booking"}, session.version)
+    assert session.pinned is False
+    in_flow = hourly.update_state("s1", {"flow": "booking"}, session.version, pinned=True)
+    assert in_flow.pinned is True and in_flow.state == {"flow": "booking"}
 
     assert hourly.expire_sessions(START + timedelta(days=30)) == []
     assert hourly.get_session("s1").status is SessionStatus.ACTIVE
 
     clock.advance(days=30)
-    hourly.update_state("s1", {"flow_active": False}, in_flow.version)
+    hourly.update_state("s1", {"flow_active": True}, in_flow.version)  # opaque: no key of it pins
     assert hourly.expire_sessions(clock.now + timedelta(minutes=59)) == []
     assert hourly.expire_sessions(clock.now + timedelta(hours=1)) == ["s1"]
 

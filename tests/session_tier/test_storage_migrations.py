@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from contextlib import closing
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,18 @@ def table_names(data_dir: Path) -> set[str]:
         return {
             row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         }
+
+
+def insert_old_session(data_dir: Path, session_id: str, state: dict[str, object]) -> None:
+    """A session row as schemas 3 and 4 laid it out (the current models would write columns they lack)."""
+    now = datetime.now()
+    with closing(sqlite3.connect(data_dir / DB_FILENAME)) as conn:
+        conn.execute(
+            "INSERT INTO sessions (id, user_id, bot, title, status, version, state, created_at, updated_at, expires_at)"
+            " VALUES (?, 'ada', 'travel', NULL, 'active', 1, ?, ?, ?, ?)",
+            (session_id, json.dumps(state), now.isoformat(" "), now.isoformat(" "), (now + timedelta(hours=1)).isoformat(" ")),
+        )
+        conn.commit()
 
 
 def test_migrations_are_numbered_one_up_without_gaps() -> None:
@@ -154,7 +167,7 @@ def test_a_version_3_database_gains_the_answer_audits_table_and_keeps_its_data(
         older.setattr(migrations, "MIGRATIONS", MIGRATIONS[:3])
         with SessionStore.open(tmp_path) as store:
             assert store.schema_version == 3
-            store.create_session("s1", "ada", "travel")
+    insert_old_session(tmp_path, "s1", {})
     assert "answer_audits" not in table_names(tmp_path)
 
     with SessionStore.open(tmp_path) as store:
@@ -165,4 +178,42 @@ def test_a_version_3_database_gains_the_answer_audits_table_and_keeps_its_data(
         assert stored.id > 0 and store.answer_audits.added_after(0) == [stored]
         assert stored == AuditRecord(stored.id, "scope-a", 7, False, 0.83, False, audit.audited_at)
     assert "answer_audits" in table_names(tmp_path)
+    assert recorded_versions(tmp_path) == list(range(1, LATEST + 1))
+
+
+def test_a_version_4_database_moves_flow_active_out_of_the_state_into_pinned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before schema 5 the store read a top-level `"flow_active": true` in the state to keep a
+    session mid-flow from expiring. Upgraded, such a session is pinned instead, the key is gone
+    from its state and the rest of the state is as it was; the others expire as before."""
+    from datetime import timezone
+
+    from chatcache.storage import SessionStatus
+
+    states = {
+        "mid-flow": {"dialogue": {"state": "CONFIRMING", "flow_active": True}, "flow_active": True, "context_start": 2},
+        "flow-done": {"dialogue": {"state": "DONE", "flow_active": False}, "flow_active": False},
+        "no-flow": {"step": 1},
+        "untouched": {},
+    }
+    with monkeypatch.context() as older:
+        older.setattr(migrations, "MIGRATIONS", MIGRATIONS[:4])
+        with SessionStore.open(tmp_path) as store:
+            assert store.schema_version == 4
+    for session_id, state in states.items():
+        insert_old_session(tmp_path, session_id, state)
+    with closing(sqlite3.connect(tmp_path / DB_FILENAME)) as conn:
+        assert "pinned" not in {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
+
+    with SessionStore.open(tmp_path) as store:
+        assert store.schema_version == LATEST >= 5
+        upgraded = {s.id: s for s in store.list_sessions()}
+        assert {i: s.pinned for i, s in upgraded.items()} == {"mid-flow": True, "flow-done": False, "no-flow": False, "untouched": False}
+        assert upgraded["mid-flow"].state == {"dialogue": {"state": "CONFIRMING", "flow_active": True}, "context_start": 2}
+        assert upgraded["flow-done"].state == {"dialogue": {"state": "DONE", "flow_active": False}}
+        assert upgraded["no-flow"].state == {"step": 1} and upgraded["untouched"].state == {}
+        later = datetime.now(timezone.utc) + timedelta(days=30)
+        assert sorted(store.expire_sessions(later)) == ["flow-done", "no-flow", "untouched"]
+        assert store.get_session("mid-flow").status is SessionStatus.ACTIVE
     assert recorded_versions(tmp_path) == list(range(1, LATEST + 1))

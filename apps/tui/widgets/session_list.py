@@ -6,7 +6,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from chatcache.steering.handoff import HANDED_OFF
-from chatcache.tiers.conversations import stored_dialogue_state
+from chatcache.tiers.conversations import stored_dialogue
 from chatcache.storage import ChatSession
 
 AGENT_MARK = "[agent]"  # leads the label of a session a person has taken over: the handoff queue at a glance
@@ -14,7 +14,8 @@ AGENT_MARK = "[agent]"  # leads the label of a session a person has taken over: 
 
 def session_label(session: ChatSession) -> str:
     name = session.title or session.id
-    return f"{AGENT_MARK} {name}" if stored_dialogue_state(session.state) == HANDED_OFF else name
+    dialogue = stored_dialogue(session.id, session.state)
+    return f"{AGENT_MARK} {name}" if dialogue is not None and dialogue.state == HANDED_OFF else name
 
 
 class SessionList(OptionList):
