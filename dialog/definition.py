@@ -145,7 +145,9 @@ class TrainingSettings(_Strict):
     intent's examples is held out to calibrate the confidence and to set how unfamiliar a
     message must look to be out of scope whatever its best intent: unfamiliar enough to reject
     `reject_share` of the held-out in-scope examples (the share of customers' in-scope messages
-    the bot may send to its fallback, traded against the out-of-scope messages it catches).
+    the bot may send to its fallback, traded against the out-of-scope messages it catches); and a
+    familiar message whose best intent's calibrated confidence is below `reject_below` is out of
+    scope too (torn between intents, as "a lot" is when asked for an amount).
     """
 
     encoder: str = Field(default="bundled", min_length=1)  # "bundled" (all-MiniLM-L6-v2), a model id or a path
@@ -156,6 +158,7 @@ class TrainingSettings(_Strict):
     max_length: int = Field(default=64, ge=8)
     calibration_share: float = Field(default=0.1, gt=0.0, lt=1.0)  # every intent with two examples or more gives one
     reject_share: float = Field(default=0.01, gt=0.0, lt=0.5)
+    reject_below: float = Field(default=0.4, ge=0.0, le=1.0)
     seed: int = 0
 
 

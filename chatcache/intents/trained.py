@@ -204,7 +204,8 @@ class TrainedIntentClassifier:
             return (logits / self.info.temperature).cpu().numpy().astype(np.float64)
 
     def _verdict(self, probabilities: np.ndarray, familiar: bool) -> IntentResult:
-        """The best intent, unless "none of these" is likelier or the message is unfamiliar.
+        """The best intent, unless "none of these" is likelier, the message is unfamiliar, or the
+        best intent's confidence is below `reject_below`.
 
         `confidence` is the best intent's probability also when the verdict is out of scope
         (as `IntentClassifier` reports it), so a caller sees how close it came."""
@@ -213,7 +214,7 @@ class TrainedIntentClassifier:
         best = max(scores, key=scores.__getitem__)
         confidence = ranked[0]
         none_likelier = OUT_OF_SCOPE in self.info.labels and float(probabilities[self.info.labels.index(OUT_OF_SCOPE)]) > confidence
-        accepted = familiar and not none_likelier
+        accepted = familiar and not none_likelier and confidence >= self.info.settings.reject_below
         return IntentResult(
             intent=best if accepted else OUT_OF_SCOPE,
             confidence=confidence,

@@ -230,3 +230,15 @@ def test_the_temperature_is_raised_until_readings_above_the_promotion_threshold_
     assert safe > fitted and sure_accuracy(safe) >= PROMOTION_ACCURACY
     assert sure_accuracy(safe / 1.02) < PROMOTION_ACCURACY  # raised no further than needed
     assert promotion_safe(logits, targets, safe, labels) == safe  # already safe: kept
+
+
+def test_a_familiar_message_below_the_confidence_floor_is_out_of_scope(trained) -> None:  # type: ignore[no-untyped-def]
+    model = TrainedIntentClassifier(trained[2])
+    floor = model.info.settings.reject_below
+    labels = model.info.labels  # balance, hours, lost_card, out_of_scope
+    torn = np.array([floor - 0.01, 0.25, 0.25, 0.51 - floor])  # the best intent just under the floor
+    sure = np.array([floor + 0.01, 0.25, 0.25, 0.49 - floor])
+    assert labels == ["balance", "hours", "lost_card", OUT_OF_SCOPE]
+    assert model._verdict(torn, familiar=True).intent == OUT_OF_SCOPE
+    assert model._verdict(sure, familiar=True).intent == "balance"
+    assert model._verdict(sure, familiar=False).intent == OUT_OF_SCOPE
