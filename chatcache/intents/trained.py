@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from scipy.special import logsumexp
+from scipy.special import logsumexp, softmax
 from scipy.stats import norm
 
 from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, IntentResult
@@ -190,11 +190,11 @@ class TrainedIntentClassifier:
         logits = self.scaled_logits(texts)
         rule = self.info.familiarity
         familiar = rule.familiar(familiarity(logits, self.info.labels)) if rule is not None else np.ones(len(texts), dtype=bool)
-        return [self._verdict(row, known) for row, known in zip(softmax(logits), familiar, strict=True)]
+        return [self._verdict(row, known) for row, known in zip(softmax(logits, axis=1), familiar, strict=True)]
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
         """Calibrated probabilities, one row per text, columns in `info.labels` order."""
-        return softmax(self.scaled_logits(texts))
+        return np.asarray(softmax(self.scaled_logits(texts), axis=1))
 
     def scaled_logits(self, texts: list[str]) -> np.ndarray:
         """The head's logits divided by the calibrated temperature, one row per text."""
@@ -221,12 +221,6 @@ class TrainedIntentClassifier:
             margin=confidence - (ranked[1] if len(ranked) > 1 else 0.0),
             scores=scores,
         )
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Probabilities from logits, one row each."""
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return np.asarray(shifted / shifted.sum(axis=1, keepdims=True))
 
 
 def find_trained(bot: BotDefinition, data_dir: Path | None = None) -> Path | None:

@@ -37,13 +37,14 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from scipy.optimize import minimize_scalar
+from scipy.special import softmax
 from torch import nn
 
 from chatcache.dialog import OUT_OF_SCOPE
 from chatcache.dialog.classifier import PROMOTE_THRESHOLD
 from chatcache.dialog.definition import TrainingSettings
 
-from .trained import FORMAT, FamiliarityRule, familiarity, model_dir, model_key, softmax
+from .trained import FORMAT, FamiliarityRule, familiarity, model_dir, model_key
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -95,7 +96,7 @@ def promotion_safe(logits: np.ndarray, targets: np.ndarray, temperature: float, 
     """
     out_of_scope = np.array([label == OUT_OF_SCOPE for label in labels])
     while True:
-        probabilities = softmax(logits / temperature)
+        probabilities = softmax(logits / temperature, axis=1)
         best = probabilities.argmax(axis=1)
         sure = (probabilities.max(axis=1) > PROMOTE_THRESHOLD) & ~out_of_scope[best]
         if not sure.any() or (best[sure] == targets[sure]).mean() >= PROMOTION_ACCURACY:
@@ -215,9 +216,7 @@ def calibrate(
 
 def _held_out_figures(logits: np.ndarray, targets: np.ndarray, temperature: float, labels: list[str]) -> dict[str, Any]:
     """Accuracy and the confident share on the calibration examples, before and after the temperature."""
-    scaled = logits / temperature
-    probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
+    probs = softmax(logits / temperature, axis=1)
     best = probs.argmax(axis=1)
     right = best == targets
     sure = (probs.max(axis=1) > PROMOTE_THRESHOLD) & (np.array(labels)[best] != OUT_OF_SCOPE)

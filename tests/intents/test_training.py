@@ -207,7 +207,7 @@ def test_the_stored_threshold_decides_out_of_scope_whatever_the_best_intent(trai
 
 
 def test_the_temperature_is_raised_until_readings_above_the_promotion_threshold_are_right_99_percent() -> None:
-    from chatcache.intents.trained import softmax
+    from scipy.special import softmax
     from chatcache.intents.training import PROMOTION_ACCURACY, promotion_safe
 
     rng = np.random.default_rng(1)
@@ -220,7 +220,7 @@ def test_the_temperature_is_raised_until_readings_above_the_promotion_threshold_
     labels = ["a", "b", "c", OUT_OF_SCOPE]
 
     def sure_accuracy(temperature: float) -> float:
-        probabilities = softmax(logits / temperature)
+        probabilities = softmax(logits / temperature, axis=1)
         sure = (probabilities.max(axis=1) > 0.95) & (probabilities.argmax(axis=1) != 3)
         return float((probabilities.argmax(axis=1)[sure] == targets[sure]).mean())
 
