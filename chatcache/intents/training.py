@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import shutil
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from torch import nn
 from chatcache.dialog import OUT_OF_SCOPE
 from chatcache.dialog.classifier import PROMOTE_THRESHOLD
 from chatcache.dialog.definition import TrainingSettings
+from chatcache.dialog.training import stratified_split
 
 from .trained import FORMAT, FamiliarityRule, familiarity, model_dir, model_key
 
@@ -50,22 +50,6 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 Progress = Callable[[str], None]
-
-
-def split_for_calibration(
-    examples: dict[str, list[str]], share: float, seed: int
-) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Each label's examples split into (training, calibration); a label keeps at least one
-    example to train on, and gives at least one to calibration when it has two or more."""
-    rng = random.Random(seed)
-    train: dict[str, list[str]] = {}
-    held: dict[str, list[str]] = {}
-    for label, texts in examples.items():
-        shuffled = list(texts)
-        rng.shuffle(shuffled)
-        count = min(max(1, round(len(shuffled) * share)), len(shuffled) - 1) if len(shuffled) > 1 else 0
-        held[label], train[label] = shuffled[:count], shuffled[count:]
-    return train, held
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -107,19 +91,29 @@ def promotion_safe(logits: np.ndarray, targets: np.ndarray, temperature: float, 
 class IntentHeadLoss(nn.Module):
     """Cross-entropy of a linear head over the encoder's sentence embedding: the loss through
     which sentence-transformers' trainer fine-tunes the encoder and learns the head together
-    (the trainer optimises a loss's own parameters too, as it does for its `SoftmaxLoss`)."""
+    (the trainer optimises a loss's own parameters too, as it does for its `SoftmaxLoss`).
+    `label_weights`, when given, weighs each label's examples in the loss."""
 
-    def __init__(self, model: SentenceTransformer, labels: int) -> None:
+    def __init__(self, model: SentenceTransformer, labels: int, label_weights: torch.Tensor | None = None) -> None:
         super().__init__()
         self.model = model
         dimension = model.get_embedding_dimension()
         if dimension is None:
             raise ValueError("the encoder does not say the size of its sentence embedding")
         self.classifier = nn.Linear(dimension, labels)
+        self.label_weights = label_weights
 
     def forward(self, sentence_features: list[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
         embeddings = self.model(sentence_features[0])["sentence_embedding"]
-        return nn.functional.cross_entropy(self.classifier(embeddings), labels)
+        return nn.functional.cross_entropy(self.classifier(embeddings), labels, weight=self.label_weights)
+
+
+def balanced_weights(counts: list[int]) -> torch.Tensor:
+    """Each label's weight in the loss so that every label weighs the same in total: the
+    inverse of its count, scaled so that an example weighs 1 on average (scikit-learn's
+    "balanced" class weights)."""
+    sizes = torch.tensor(counts, dtype=torch.float32)
+    return sizes.sum() / (len(counts) * sizes)
 
 
 def train_intent_model(
@@ -144,12 +138,13 @@ def train_intent_model(
         raise ValueError(f"an intent model needs two labels or more, each with examples (without any: {', '.join(empty) or '-'})")
     started = time.perf_counter()
     labels = sorted(examples)
-    train, held = split_for_calibration(examples, settings.calibration_share, settings.seed)
+    train, held = stratified_split(examples, settings.calibration_share, settings.seed)
     rows = [(text, labels.index(label)) for label in labels for text in train[label]]
     torch.manual_seed(settings.seed)
     encoder = SentenceTransformer(embedder_source(settings.encoder), device="cpu")
     encoder.max_seq_length = settings.max_length
-    loss = IntentHeadLoss(encoder, len(labels))
+    weights = balanced_weights([len(train[label]) for label in labels]) if settings.balance_intents else None
+    loss = IntentHeadLoss(encoder, len(labels), weights)
     say(f"training on {len(rows)} examples of {len(labels)} labels for {settings.epochs} epochs; {sum(map(len, held.values()))} held out to calibrate")
     with tempfile.TemporaryDirectory(prefix="chatcache-train-") as checkpoints:
         arguments = SentenceTransformerTrainingArguments(

