@@ -203,7 +203,7 @@ def main() -> None:
         run.section("setup", {
             "model": "bundled (SmolLM2-135M-Instruct, float32, CPU)",
             "torch_threads": torch.get_num_threads(),
-            "system_prompt_tokens": len(engine._system_ids),
+            "system_prompt_tokens": len(engine.system_ids),
             "kv_budget_bytes": config.memory_budget_bytes,
         })  # fmt: skip
         engine.chat("warm-up", "Hello", max_new_tokens=4)
@@ -235,7 +235,7 @@ def main() -> None:
         engine.close()
     by_count = {r["conversations"]: r for r in rows}
     plot_path = Path(args.out) / "concurrency.png"
-    plot(rows, limits, by_peer, alone, plot_path, system_tokens=len(engine._system_ids))
+    plot(rows, limits, by_peer, alone, plot_path, system_tokens=len(engine.system_ids))
     run.finish(
         plot=str(plot_path),
         kv_peak_to_budget=round(max(r["kv_peak_resident_bytes"] for r in rows) / config.memory_budget_bytes, 3),

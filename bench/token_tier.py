@@ -241,7 +241,7 @@ def main() -> None:
             "model": "bundled (SmolLM2-135M-Instruct, float32, CPU)",
             "device": str(chat_model.device),
             "torch_threads": torch.get_num_threads(),
-            "system_prompt_tokens": len(engine._system_ids),
+            "system_prompt_tokens": len(engine.system_ids),
             "kv_bytes_per_token": engine.token_tier.bytes_per_token,
         }
         run.section("setup", setup)

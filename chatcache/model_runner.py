@@ -19,13 +19,13 @@ from collections.abc import Callable, Generator, Iterator
 
 from transformers import DynamicCache
 
-from .config import GenerationConfig
+from .config import GenerationConfig, TokenTierConfig
 from .model import kv
 from .model.format_matcher import ReplyFormats
-from .model.generation import Completion, GeneratedToken, generate_tokens
-from .model.kv import new_cache
+from .model.generation import Completion, GeneratedToken, generate_tokens, prefill
+from .model.kv import kv_bytes_per_token, new_cache
 from .model.loading import ChatModel
-from .model.prompt import Message, Prompt
+from .model.prompt import Message, Prompt, PromptRenderer
 from .model.scheduler import Request
 from .model.text_stream import TextStream
 from .reply import TurnStats
@@ -167,3 +167,17 @@ class ModelRunner:
         if generated and generated[-1] in self.eos_ids:
             return "eos"
         return "length"
+
+
+def build_token_tier(chat_model: ChatModel, config: TokenTierConfig) -> TokenTier:
+    """The token tier of `chat_model`'s KV; one built here can be shared by several engines (a
+    server's tenants: one memory budget)."""
+    hf_model = chat_model.model
+    return TokenTier(
+        config,
+        model_config=hf_model.config,
+        bytes_per_token=kv_bytes_per_token(hf_model.config, hf_model.dtype),
+        prefill=lambda ids, cache: prefill(hf_model, ids, cache),
+        spill_identity=(chat_model.identity, PromptRenderer(chat_model.tokenizer).template_hash),
+        device=hf_model.device,
+    )

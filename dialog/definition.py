@@ -198,6 +198,12 @@ class BotDefinition(_Strict):
             return self.system_prompt
         return "\n\n".join([self.system_prompt, "What you know (answer only from this):", "\n".join(answers)])
 
+    @property
+    def wording(self) -> list[str]:
+        """The bot's own words about what it does: every intent's name, description and examples
+        (the answer cache tells a question about the bot from one about a customer's data by them)."""
+        return [text for i in self.intents for text in (i.name.replace("_", " "), i.description, *i.examples)]
+
     def intent(self, name: str) -> Intent:
         """Return the intent called `name` (KeyError if there is none)."""
         for intent in self.intents:

@@ -386,6 +386,24 @@ class SessionStore:
             self._touch(db, session_id, now, lease)
             return self._insert_message(db, session_id, role, content, token_count, meta, reply_to, now)
 
+    def withdraw_message(self, session_id: str, seq: int, *, lease: str | None = None) -> None:
+        """Delete the session's last message, a user's message no reply names, as if it had never
+        been sent: a turn refused after its message was recorded (the client is told to retry).
+
+        Raises:
+            ValueError: message `seq` is not the session's last, or not an unanswered user message.
+            SessionClosedError: The session has ended or expired.
+            LeaseLostError: `lease` was given and another holder has the session now.
+            UnknownSessionError: No session has this id.
+        """
+        check_id("session id", session_id)
+        with self._db.transaction() as db:
+            self._touch(db, session_id, self._clock(), lease)
+            last = db.scalar(select(MessageRow).where(MessageRow.session_id == session_id).order_by(MessageRow.seq.desc()).limit(1))
+            if last is None or last.seq != seq or last.role != Role.USER:
+                raise ValueError(f"session {session_id!r}: message {seq} is not its last message, a user's")
+            db.delete(last)
+
     def messages(self, session_id: str, limit: int | None = None) -> list[Message]:
         """Return the session's messages oldest first; with `limit`, only the latest ones.
 

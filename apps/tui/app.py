@@ -108,11 +108,10 @@ class ChatApp(App[int]):
     def _continuable(self, session_id: str) -> bool:
         """Whether this engine may add turns to `session_id`; if not, say how to continue it."""
         try:
-            session = self.engine.store.get_session(session_id)
+            session = self.engine.sessions.get(session_id)
         except KeyError:  # UnknownSessionError: a new session of that name
             return True
-        mine = (self.engine.conversations.user_id, self.engine.conversations.bot)
-        if (session.user_id, session.bot) == mine:
+        if self.engine.sessions.is_mine(session):
             return True
         self.notify(
             f"Session {session_id} belongs to user {session.user_id!r} and bot {session.bot!r}; "
@@ -128,8 +127,8 @@ class ChatApp(App[int]):
 
     def _sessions(self) -> list[ChatSession]:
         """The session tier's sessions of the current bot (others cannot be continued here)."""
-        bot = self.engine.conversations.bot
-        return [s for s in self.engine.sessions() if s.bot == bot]
+        bot = self.engine.sessions.bot
+        return [s for s in self.engine.sessions.all() if s.bot == bot]
 
     def _latest_session(self) -> str | None:
         sessions = self._sessions()
@@ -146,7 +145,7 @@ class ChatApp(App[int]):
 
     def _exists(self, session_id: str) -> bool:
         try:
-            self.engine.store.get_session(session_id)
+            self.engine.sessions.get(session_id)
         except KeyError:  # UnknownSessionError
             return False
         return True
@@ -158,14 +157,14 @@ class ChatApp(App[int]):
         """Show `session_id`'s record (all messages, also unanswered ones) and its turns' figures."""
         self.session_id = session_id
         try:
-            records = self.engine.store.messages(session_id)
+            records = self.engine.sessions.records(session_id)
             self.pending = False
         except KeyError:  # UnknownSessionError: created by its first message
             records, self.pending = [], True
         self.turns = [TurnRecord.from_meta(r.meta) for r in records if r.role == "assistant"]
         await self.query_one(ChatLog).show([(r.role.value, r.content) for r in records])
         self.query_one(PromptInput).set_history([r.content for r in records if r.role == "user"])
-        self.sub_title = f"{session_id} · bot: {self.engine.conversations.bot}"
+        self.sub_title = f"{session_id} · bot: {self.engine.sessions.bot}"
         self.refresh_sessions()
         self.refresh_panel()
 
@@ -194,17 +193,17 @@ class ChatApp(App[int]):
         if self.pending:
             self.notify("Send a first message, then the session can be renamed.", severity="warning")
             return
-        current = self.engine.store.get_session(self.session_id).title or ""
+        current = self.engine.sessions.get(self.session_id).title or ""
 
         def rename(title: str | None) -> None:
             if title is not None:
                 try:
-                    self.engine.store.rename_session(self.session_id, title or None)
+                    self.engine.sessions.rename(self.session_id, title or None)
                 except StorageError as exc:  # a title too long, or with a character no database stores
                     self.notify(str(exc), title="Not renamed", severity="warning")
                     return
                 self.refresh_sessions()
-                self.sub_title = f"{title or self.session_id} · bot: {self.engine.conversations.bot}"
+                self.sub_title = f"{title or self.session_id} · bot: {self.engine.sessions.bot}"
 
         self.push_screen(RenameScreen(current), rename)
 
@@ -216,9 +215,10 @@ class ChatApp(App[int]):
         async def delete(yes: bool | None) -> None:
             if not yes:
                 return
-            if not self.pending:
-                self.engine.store.delete_session(doomed)
-            self.engine.release_session(doomed)
+            if self.pending:
+                self.engine.sessions.release(doomed)
+            else:
+                self.engine.sessions.delete(doomed)
             self.notify(f"Deleted session {doomed}.")
             await self.open_session(self._latest_session() or self._fresh_id())
 
@@ -331,9 +331,7 @@ class ChatApp(App[int]):
         if self._busy():
             return
         freed = self.engine.kv_stats().resident_bytes
-        if self.engine.token_tier is not None:  # a remote model's KV is its server's
-            self.engine.token_tier.clear()
-        self.engine.turn_tier.clear()
+        self.engine.sessions.clear_caches()
         self.refresh_panel()
         self.notify(f"Caches cleared ({freed / 1024:.0f} KiB of KV freed); the next turn recomputes its context.")
 
@@ -347,7 +345,7 @@ class ChatApp(App[int]):
                 return
             target = Path(directory) if directory else default_export_dir()
             try:
-                markdown, data = export_session(self.engine.store, self.session_id, target)
+                markdown, data = export_session(self.engine.sessions, self.session_id, target)
             except Exception as exc:
                 self.notify(str(exc), title="Export failed", severity="error")
                 return
@@ -386,7 +384,7 @@ class ChatApp(App[int]):
         old, self.engine, self.bot = self.engine, engine, bot
         old.close()  # spills its KV, so switching back later reuses it
         await self.open_session(self._fresh_id())
-        self.notify(f"Now chatting with bot {engine.conversations.bot}.")
+        self.notify(f"Now chatting with bot {engine.sessions.bot}.")
 
     def action_toggle_panel(self) -> None:
         self.query_one(CachePanel).toggle_class("-toggled")

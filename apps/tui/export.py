@@ -7,7 +7,8 @@ import os
 import re
 from pathlib import Path
 
-from chatcache.storage import ChatSession, SessionStore, default_data_dir
+from chatcache.engine.sessions import Sessions
+from chatcache.storage import ChatSession, default_data_dir
 from chatcache.storage import Message as StoredMessage
 
 _SPEAKERS = {"user": "You", "assistant": "Bot", "system": "System"}
@@ -55,15 +56,15 @@ def default_export_dir() -> Path:
     return default_data_dir() / "exports"
 
 
-def export_session(store: SessionStore, session_id: str, directory: Path) -> tuple[Path, Path]:
+def export_session(sessions: Sessions, session_id: str, directory: Path) -> tuple[Path, Path]:
     """Write `<session>.md` and `<session>.json` into `directory` (created if missing).
 
     Raises:
         UnknownSessionError: the session has no record yet.
         OSError: the directory cannot be written.
     """
-    session = store.get_session(session_id)
-    messages = store.messages(session_id)
+    session = sessions.get(session_id)
+    messages = sessions.records(session_id)
     directory = Path(directory).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^\w.-]+", "_", session_id)

@@ -180,7 +180,7 @@ class CachedAnswers:
 
     def prefetcher(self, store: SessionStore, answer: Answer, busy: Callable[[], bool]) -> Prefetcher:
         """A background prefetcher whose next-question model is learned from the stored
-        conversations; `answer` answers a predicted question (`ChatEngine._prefetch`)."""
+        conversations; `answer` answers a predicted question (`TurnPipeline.prefetch`)."""
         model = TransitionModel()
         for session in store.list_sessions(limit=1000):
             records = store.messages(session.id)

@@ -103,7 +103,7 @@ def compare_with_uncached(engine: ChatEngine, sessions: Sequence[str], max_new_t
     system = [Message("system", engine.system_prompt)] if engine.system_prompt else []
     turns: list[TurnAgreement] = []
     for index, session_id in enumerate(sessions):
-        history = engine.history(session_id)
+        history = engine.sessions.history(session_id)
         for turn in range(len(history) // 2):
             user, reply = history[2 * turn], history[2 * turn + 1]
             prompt = engine.renderer.conversation_ids([*system, *history[: 2 * turn], user], RenderedSegments())

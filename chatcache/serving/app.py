@@ -142,11 +142,11 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
                 return engine.stream(stored, body.messages[0].message().content, **options, admit=ticket.admit)
 
             def cache_may_serve() -> bool:
-                return engine.may_answer_without_model(
+                return engine.admission.may_answer_without_model(
                     body.messages[0].message().content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"]
                 )
 
-            least = engine.least_cost(body.messages[0].message().content, stored, options["max_new_tokens"])
+            least = engine.admission.least_cost(body.messages[0].message().content, stored, options["max_new_tokens"])
             return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), x_session_id, engine.answer_cache_bound)
         messages = [m.message() for m in body.messages]
         key = f"{tenant}:{conversation_key(messages)}"  # no KV shared across tenants, even for equal prompts
@@ -156,12 +156,12 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             return engine.complete(messages, kv_key=key, **options, **tool_options, admit=ticket.admit)
 
         def given_may_skip() -> bool:
-            return engine.may_answer_without_model(
+            return engine.admission.may_answer_without_model(
                 messages[-1].content, messages=messages, temperature=body.temperature, reply_format=options["reply_format"],
                 max_new_tokens=options["max_new_tokens"], **tool_options,
             )  # fmt: skip
 
-        least = engine.least_cost(messages[-1].content, key, options["max_new_tokens"])
+        least = engine.admission.least_cost(messages[-1].content, key, options["max_new_tokens"])
         calls_in = engine.call_syntax if body.may_call else None
         return await answer_turn(s, start_given, given_may_skip, least, body, lambda: None, None, engine.answer_cache_bound, calls_in)
 
@@ -170,14 +170,14 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         s = server()
         tenant = s.authenticate(authorization)
         wanted = (body.id if body else None) or uuid.uuid4().hex
-        session = await asyncio.to_thread(_guarded, lambda: s.tenants(tenant).create_session(_stored(tenant, wanted), body.title if body else None))
+        session = await asyncio.to_thread(_guarded, lambda: s.tenants(tenant).sessions.create(_stored(tenant, wanted), body.title if body else None))
         return _session_summary(tenant, session)
 
     @app.get("/v1/sessions")
     async def list_sessions(authorization: str | None = Header(None), handed_off: bool | None = None) -> dict[str, Any]:
         s = server()
         tenant = s.authenticate(authorization)
-        sessions = await asyncio.to_thread(_guarded, s.tenants(tenant).sessions)
+        sessions = await asyncio.to_thread(_guarded, s.tenants(tenant).sessions.all)
         rows = [_session_summary(tenant, session) for session in sessions]
         if handed_off is not None:
             rows = [row for row in rows if row["handed_off"] == handed_off]
@@ -216,7 +216,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             door has let the turn in: one in memory exists, and the database read waits for a
             thread of asyncio's pool, 200-440 ms in the opening burst of 32 clients (16 reads at
             once), which a refusal at the door must not wait for."""
-            if engine.conversations.loaded(stored) is None:
+            if not engine.sessions.in_memory(stored):
                 await asyncio.to_thread(s.tenants.store.get_session, stored)
 
         options = body.options(s.settings.max_tokens)
@@ -225,16 +225,16 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
             return engine.stream(stored, body.content, **options, admit=ticket.admit)
 
         def cache_may_serve() -> bool:
-            return engine.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"])
+            return engine.admission.may_answer_without_model(body.content, session_id=stored, temperature=body.temperature, reply_format=options["reply_format"])
 
-        least = engine.least_cost(body.content, stored, options["max_new_tokens"])
+        least = engine.admission.least_cost(body.content, stored, options["max_new_tokens"])
         return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), session_id, engine.answer_cache_bound, before_start=exists)
 
     @app.post("/v1/sessions/{session_id}/agent", status_code=201)
     async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:
         """A person's reply in a session the bot handed off to them."""
         def reply(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
-            engine.agent_reply(stored, body.content, body.agent)
+            engine.sessions.agent_reply(stored, body.content, body.agent)
             return {"session_id": session_id, "role": "assistant", "content": body.content, "agent": body.agent}
 
         return await on_session(authorization, session_id, reply)
@@ -243,16 +243,16 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     async def hand_back(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
         """The person hands the session back to the bot."""
         def back(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
-            engine.hand_back(stored)
-            return _session_summary(tenant, engine.store.get_session(stored))
+            engine.sessions.hand_back(stored)
+            return _session_summary(tenant, engine.sessions.get(stored))
 
         return await on_session(authorization, session_id, back)
 
     @app.delete("/v1/sessions/{session_id}")
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
         def end(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
-            engine.end_session(stored)
-            return _session_summary(tenant, engine.store.get_session(stored))
+            engine.sessions.end(stored)
+            return _session_summary(tenant, engine.sessions.get(stored))
 
         return await on_session(authorization, session_id, end)
 

@@ -18,7 +18,7 @@ from ..config import GenerationConfig, TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
 from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message
-from ..model_runner import ModelRunner
+from ..model_runner import build_token_tier
 from ..steering.hcac import Embed, sentence_embed
 from ..tiers.token_tier import Checkout
 from .admission import AdmissionControl, Overloaded
@@ -93,7 +93,7 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
     model = chat_model or load_chat_model(settings.model, precision=settings.precision)
     store = SessionStore(settings.db) if settings.db else SessionStore.open(default_data_dir())
     spill = TokenTierConfig(spill_dir=settings.kv_dir or default_data_dir() / "kv", spill_key_file=settings.kv_key_file)
-    token_tier = ChatEngine.build_token_tier(model, spill)
+    token_tier = build_token_tier(model, spill)
     needs_embedder = settings.answer_cache or settings.drift or settings.bot is not None
     embed = embedder if callable(embedder) or not needs_embedder else sentence_embed(load_embedder(embedder))
     system_prompt = settings.system_prompt or (None if settings.bot else DEFAULT_SYSTEM_PROMPT)
@@ -144,12 +144,11 @@ def warm_up(server: Server) -> None:
     with engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0) as reply:
         for _ in reply:
             pass
-    token_tier, runner = server.tenants.token_tier, engine.runner
-    assert isinstance(runner, ModelRunner)  # a server runs a local model (`build_server`)
+    token_tier = server.tenants.token_tier
     token_tier.drop("warm-up")
     if server.settings.ttft_slo is None:
         return
-    scheduler, prefix = server.chat_model.scheduler, runner.system_ids
+    scheduler, prefix = server.chat_model.scheduler, engine.system_ids
     prompt = prefix + engine.renderer.encode_text("Hello, how can I help you today?")
     for rows in WARM_UP_BATCHES:
         # No end-of-reply ids: every row decodes until all have joined, so the batch reaches `rows`.

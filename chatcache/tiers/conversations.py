@@ -144,8 +144,7 @@ class Conversations:
     """Loads, records and forgets conversations for one bot and user.
 
     `vocab_size` bounds the token ids a stored reply may carry (the model's embedding rows);
-    without it only their type and sign are checked. `on_open` hears of every session opened,
-    so the engine can bound what is in memory.
+    without it only their type and sign are checked.
     """
 
     def __init__(
@@ -156,14 +155,12 @@ class Conversations:
         system_prompt: str | None,
         *,
         vocab_size: int | None = None,
-        on_open: Callable[[str], None] = lambda session_id: None,
     ) -> None:
         self.store = store
         self.bot = bot
         self.user_id = user_id
         self.system_prompt = system_prompt
         self.vocab_size = vocab_size
-        self._on_open = on_open
         self._loaded: dict[str, Conversation] = {}
         self._lock = threading.Lock()
 
@@ -178,7 +175,6 @@ class Conversations:
         Raises:
             UnknownSessionError: `create` is false and the session does not exist.
         """
-        self._on_open(session_id)
         with self._lock:
             loaded = self._loaded.get(session_id)
             if loaded is not None:
@@ -284,6 +280,12 @@ class Conversations:
         message = self.store.append_message(conversation.id, "user", text, tokens, lease=conversation.lease)
         conversation.last_seq, conversation.created_empty = message.seq, False
         return message.seq
+
+    def withdraw_user(self, conversation: Conversation, seq: int, previous_seq: int, created: bool) -> None:
+        """Take back the user's message `seq` a refused turn recorded: the session is as it was
+        before (`previous_seq` its last message, `created` if this turn created it)."""
+        self.store.withdraw_message(conversation.id, seq, lease=conversation.lease)
+        conversation.last_seq, conversation.created_empty = previous_seq, created
 
     def discard_if_created_empty(self, conversation: Conversation) -> None:
         """Delete the session again if this turn created it and recorded nothing (refused, or

@@ -71,7 +71,7 @@ def test_a_prefetched_answer_is_served_and_equals_the_models(make_engine, tiny_m
         answer_cache=AnswerCacheConfig(max_entropy_bits=99.0),  # the random model's answers are all uncertain
     )  # fmt: skip
     engine.chat("new", first, max_new_tokens=6)
-    assert engine.prefetcher is not None and engine.prefetcher.wait_idle(60)
+    assert engine.turns.prefetcher is not None and engine.turns.prefetcher.wait_idle(60)
     served = engine.chat("new", then, max_new_tokens=256)
     assert served.stats.answer_cache_hit
     stats = engine.answer_cache.snapshot()
@@ -100,7 +100,7 @@ def test_a_prefetch_is_the_next_turns_answer_and_leaves_the_session_as_it_is(mak
             engine.chat(session, opening, max_new_tokens=6)
         conversation = cached.conversations.open(session, create=False)
         window, segments = conversation.context_start, [list(ids) for ids in conversation.segments.ids]
-        assert cached._prefetch(session, question, lambda: False), "the tiny model ends this answer: it is stored"
+        assert cached.turns.prefetch(session, question, lambda: False), "the tiny model ends this answer: it is stored"
         assert (conversation.context_start, conversation.segments.ids) == (window, segments)
     served, fresh = (engine.chat("asks", question, max_new_tokens=256) for engine in (cached, plain))
     assert served.stats.answer_cache_hit and not fresh.stats.answer_cache_hit

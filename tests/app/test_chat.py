@@ -49,7 +49,7 @@ async def test_reply_text_is_the_engines_reply(engine, make_app, settle) -> None
         await pilot.press(*"hello", "enter")
         await settle(pilot)
         shown = app.query_one(ChatLog).messages[1].text
-        assert shown == printable(engine.history("s-1")[-1].content)
+        assert shown == printable(engine.sessions.history("s-1")[-1].content)
         assert shown
 
 

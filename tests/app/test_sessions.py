@@ -67,12 +67,12 @@ async def test_delete_asks_then_removes_the_session_and_its_history(engine, make
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         await pilot.pause()
-        assert [s.id for s in engine.sessions()] == ["s-1", "older"]
+        assert [s.id for s in engine.sessions.all()] == ["s-1", "older"]
         await pilot.press("f8")
         await pilot.pause()
         await pilot.press("y")
         await pilot.pause()
-        assert [s.id for s in engine.sessions()] == ["older"]
+        assert [s.id for s in engine.sessions.all()] == ["older"]
         assert app.query_one(SessionList).session_ids == ["older"]
         assert app.session_id == "older" and app.query_one(ChatLog).messages[0].text == "hi"
 

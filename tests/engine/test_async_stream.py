@@ -57,7 +57,7 @@ def test_a_cancelled_reader_keeps_what_was_generated(tiny_model, make_engine) ->
         assert len(stream.reply.token_ids) < 200
 
     asyncio.run(main())
-    history = engine.history("s")
+    history = engine.sessions.history("s")
     assert [m.role for m in history] == ["user", "assistant"]
     assert history[1].content.startswith("".join(received))
 
@@ -72,4 +72,4 @@ def test_refused_messages_raise_as_stream_does(tiny_model, make_engine) -> None:
             await _read(engine.astream("s", "word " * 200, max_new_tokens=8))
 
     asyncio.run(main())
-    assert engine.sessions() == []  # nothing was recorded
+    assert engine.sessions.all() == []  # nothing was recorded

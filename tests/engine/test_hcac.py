@@ -75,7 +75,7 @@ def test_ending_a_session_releases_turn_and_token_tiers(bank) -> None:  # type: 
     engine = bank()
     engine.chat("s", "What are your opening hours?", max_new_tokens=8)
     assert engine.turn_tier.items("s") and "s" in engine.token_tier._sessions
-    engine.end_session("s")
+    engine.sessions.end("s")
     assert engine.turn_tier.items("s") == {}
     assert "s" not in engine.token_tier._sessions
     assert engine.store.get_session("s").status.value == "ended"
@@ -88,7 +88,7 @@ def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed
     engine.chat("idle", "What are your opening hours?", max_new_tokens=4)
     engine.chat("busy", "I want to transfer money", max_new_tokens=4)  # a flow is in progress
     now[0] += timedelta(hours=25)
-    assert engine.expire_sessions() == ["idle"]
+    assert engine.sessions.expire() == ["idle"]
     assert engine.turn_tier.items("idle") == {} and "idle" not in engine.token_tier._sessions
     assert engine.store.get_session("busy").status.value == "active"
     assert engine.turn_tier.get("busy", "intent_candidate")[0] == "transfer_money"
@@ -144,7 +144,7 @@ def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> No
     assert engine.turn_tier.get("s", "old-topic-note") is None
     conversation = engine.conversations.open("s", create=False)
     assert conversation.context_start == 2  # the first turn left the prompt...
-    assert len(engine.history("s")) == 4  # ...but not the record
+    assert len(engine.sessions.history("s")) == 4  # ...but not the record
     assert engine.store.get_session("s").state["context_start"] == 2
     follow = engine.chat("s", "yes", max_new_tokens=6)  # the flow goes on in the new topic
     assert not follow.stats.drift and follow.intent == "transfer_money"
@@ -225,6 +225,6 @@ def test_upkeep_drops_expired_turn_tier_entries_of_live_sessions(bank) -> None: 
     engine.chat("s", "I want to transfer money", max_new_tokens=4)
     assert len(engine.turn_tier) > 0
     now[0] += engine.turn_tier.config.ttl_s + 1
-    assert engine.expire_sessions() == []  # the session itself is far from its TTL
+    assert engine.sessions.expire() == []  # the session itself is far from its TTL
     assert len(engine.turn_tier) == 0
     assert engine.store.get_session("s").status.value == "active"

@@ -145,8 +145,8 @@ def test_ending_a_session_releases_memory_and_disk(make_engine, tiny_model, tmp_
     engine.chat("b", TURNS[0], max_new_tokens=8)
     engine.token_tier.unload("b")
     before = engine.kv_stats().resident_bytes
-    engine.end_session("a")
-    engine.end_session("b")
+    engine.sessions.end("a")
+    engine.sessions.end("b")
     assert engine.kv_stats().resident_bytes < before
     assert "a" not in engine.token_tier._sessions
     assert not engine.token_tier._spill.path("b").exists()
@@ -180,7 +180,7 @@ def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_m
     tier = engine.token_tier
     resident = tier.resident_bytes()
     ids = [*tier._sessions["a"].ids, 42, 43]  # the next turn's prompt extends what the session holds
-    prefix = engine._system_ids
+    prefix = engine.system_ids
     reusable = tier.reusable("a", ids, prefix)
     writing, release = threading.Event(), threading.Event()
     save = tier._spill.save
@@ -224,17 +224,17 @@ def test_the_least_a_turn_costs_is_what_its_session_holds_and_where(make_engine,
     engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=tmp_path))
     tier, message = engine.token_tier, "What about Paris?"
     new = len(engine.renderer.encode_text(message))
-    fresh = engine.least_cost(message, "new", max_new_tokens=20)
-    assert (fresh.prefill_tokens, fresh.kv_tokens, fresh.restore_s) == (new, len(engine._system_ids) + new + 20, 0.0)
+    fresh = engine.admission.least_cost(message, "new", max_new_tokens=20)
+    assert (fresh.prefill_tokens, fresh.kv_tokens, fresh.restore_s) == (new, len(engine.system_ids) + new + 20, 0.0)
     engine.chat("s", TURNS[0], max_new_tokens=12)
     held = tier.held_tokens("s")
-    assert held > len(engine._system_ids)
-    assert engine.least_cost(message, "s", max_new_tokens=20).kv_tokens == held + new + 20
+    assert held > len(engine.system_ids)
+    assert engine.admission.least_cost(message, "s", max_new_tokens=20).kv_tokens == held + new + 20
     tier.unload("s")
     engine.chat("s", TURNS[1], max_new_tokens=12)  # a restore is measured: spilled KV gets a price
     held = tier.held_tokens("s")
     tier.unload("s")
-    on_disk = engine.least_cost(message, "s", max_new_tokens=20)
+    on_disk = engine.admission.least_cost(message, "s", max_new_tokens=20)
     assert tier.held_tokens("s") == held and on_disk.kv_tokens == held + new + 20 and on_disk.restore_s > 0
 
 

@@ -30,7 +30,7 @@ def per_session_sizes(engine) -> dict[str, int]:  # type: ignore[no-untyped-def]
         "turn tier": len(engine.turn_tier._sessions),
         "token tier KV": len(engine.token_tier._sessions),
         "token tier heat": len(engine.token_tier._heat),
-        "tracked": len(engine.resident),
+        "tracked": len(engine.sessions.resident),
     }
 
 
@@ -72,7 +72,7 @@ def test_many_sessions_keep_every_per_session_structure_within_the_bound(  # typ
     assert min(per_session_sizes(engine).values()) == bound  # every structure did hold sessions
     assert traced[sessions - 1] - traced[3 * bound] < 64 << 10, traced
     assert kv[sessions - 1] <= kv[3 * bound] * 1.1, kv
-    assert len(engine.sessions()) == sessions  # nothing was ended: the session tier keeps them all
+    assert len(engine.sessions.all()) == sessions  # nothing was ended: the session tier keeps them all
 
 
 def converse(engine, turns: list[tuple[str, str]]) -> list[list[int]]:  # type: ignore[no-untyped-def]
@@ -96,7 +96,7 @@ def test_a_session_let_go_of_continues_like_the_uncached_path(make_engine, tiny_
         restored = engine.chat("a", TEXTS[1], max_new_tokens=10)
         assert restored.stats.tier == tier and restored.token_ids == want[3]
         assert converse(engine, turns[4:]) == want[4:]
-        assert engine.history("a") == reference.history("a")
+        assert engine.sessions.history("a") == reference.sessions.history("a")
 
 
 def test_idle_sessions_are_let_go_of_after_the_idle_limit(make_engine, tiny_model, toy_embed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,7 @@ def test_a_new_process_continues_the_conversation_and_restores_its_kv(tiny_model
         first.chat("s", "Hello there", max_new_tokens=10)
         first.chat("s", "Book a table", max_new_tokens=10)
     second = ChatEngine(tiny_model, system_prompt=SYSTEM, store=url, token_tier=tier)
-    assert [m.content for m in second.history("s")][::2] == ["Hello there", "Book a table"]
+    assert [m.content for m in second.sessions.history("s")][::2] == ["Hello there", "Book a table"]
     got = second.chat("s", "What about Paris?", max_new_tokens=10)
     assert got.stats.tier == "disk"
     never_restarted = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
@@ -55,7 +55,7 @@ def test_generation_error_keeps_the_users_message_and_a_consistent_record(
     reply = engine.chat("s", "Next question", max_new_tokens=6)
     assert reply.stats.generated_tokens == 6
     # The failed turn stays in the record but out of the prompt: turns keep alternating.
-    assert [m.role for m in engine.history("s")] == ["user", "assistant"] * 2
+    assert [m.role for m in engine.sessions.history("s")] == ["user", "assistant"] * 2
 
 
 def test_ended_session_refuses_new_turns_and_frees_its_kv(tiny_model, make_engine) -> None:  # type: ignore[no-untyped-def]
@@ -63,7 +63,7 @@ def test_ended_session_refuses_new_turns_and_frees_its_kv(tiny_model, make_engin
 
     engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
     engine.chat("s", "Hello", max_new_tokens=4)
-    engine.end_session("s")
+    engine.sessions.end("s")
     assert "s" not in engine.token_tier._sessions
     with pytest.raises(SessionClosedError, match="ended"):
         engine.chat("s", "Hello again", max_new_tokens=4)

@@ -21,7 +21,7 @@ def test_a_message_no_database_can_store_is_refused_before_anything_is_recorded(
 ) -> None:
     with pytest.raises(InvalidMessageError, match=f"contains a {problem}.*remove that character"):
         engine.stream("new", text)  # at once, before iterating
-    assert engine.sessions() == []
+    assert engine.sessions.all() == []
     engine.chat("s", "Hello", max_new_tokens=4)
     with pytest.raises(InvalidMessageError, match=problem):
         engine.chat("s", text)
@@ -52,7 +52,7 @@ def test_a_decoding_setting_that_can_never_work_is_a_config_error_before_anythin
         engine.stream("s", "Hello", **setting)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=name):
         GenerationConfig(**setting)  # type: ignore[arg-type]
-    assert engine.sessions() == []
+    assert engine.sessions.all() == []
 
 
 def test_ordinary_settings_still_pass() -> None:
@@ -66,7 +66,7 @@ def test_a_first_message_too_long_for_the_context_window_creates_no_session(make
     engine = make_engine(tiny_model, system_prompt=SYSTEM, context_window=128, token_tier=TokenTierConfig(spill_dir=None))
     with pytest.raises(InvalidMessageError, match="context window of 128"):
         engine.chat("new", "booking " * 300, max_new_tokens=4)
-    assert engine.sessions() == []
+    assert engine.sessions.all() == []
     assert engine.store.count_sessions() == 0
     assert engine.chat("new", "Hello", max_new_tokens=4).stats.generated_tokens == 4
 
@@ -78,7 +78,7 @@ def test_a_bad_session_id_is_refused_by_the_session_tier_before_anything_is_reco
     with pytest.raises(InvalidIdError, match="use 1 to 128 printable characters"):
         engine.chat(session_id, "Hello", max_new_tokens=4)
     with pytest.raises(InvalidIdError):
-        engine.history(session_id)
+        engine.sessions.history(session_id)
     assert engine.store.count_sessions() == 0
 
 

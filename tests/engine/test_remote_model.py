@@ -73,7 +73,7 @@ def test_each_reply_is_the_servers_own_answer_to_the_same_history(
         history.append(Message("assistant", reply.text))
         assert reply.stats.tier == "remote" and reply.stats.finish_reason in ("eos", "length")
         prompts.append(reply.stats.prompt_tokens)
-    assert [(m.role, m.content) for m in engine.history("trip")] == [(m.role, m.content) for m in history[1:]]
+    assert [(m.role, m.content) for m in engine.sessions.history("trip")] == [(m.role, m.content) for m in history[1:]]
     assert all(a < b for a, b in zip(prompts, prompts[1:]))  # no turn was dropped
     engine.close()
 
@@ -130,7 +130,7 @@ def test_a_caller_kept_conversation_and_a_cancelled_stream(remote: RemoteModel, 
     stream = engine.stream("story", "Tell me a long story about a dragon.", max_new_tokens=200)
     pieces = [next(stream), next(stream)]
     stream.close()
-    kept = engine.history("story")
+    kept = engine.sessions.history("story")
     assert [m.role for m in kept] == ["user", "assistant"] and kept[1].content == "".join(pieces)
     assert engine.chat("story", "Thanks.", max_new_tokens=16).text.strip()
     engine.close()
@@ -153,7 +153,7 @@ def test_a_server_that_dies_fails_the_turn_and_keeps_the_message(tmp_path: Path)
         reply = engine.chat("s", "Are you there now?", max_new_tokens=16)
     assert reply.text.strip()
     # The failed turn stays in the record but out of the prompt: turns keep alternating.
-    assert [m.content for m in engine.history("s")][2:] == ["Are you there now?", reply.text]
+    assert [m.content for m in engine.sessions.history("s")][2:] == ["Are you there now?", reply.text]
     engine.close()
 
 
@@ -185,7 +185,7 @@ def test_a_remote_model_has_no_token_tier_settings(remote: RemoteModel, tmp_path
     engine = ChatEngine(remote, store=f"sqlite:///{tmp_path}/s.db")
     with pytest.raises(InvalidMessageError, match="context window of 2048"):
         engine.chat("s", "x " * 3000)
-    assert engine.sessions() == []  # refused before anything was recorded
+    assert engine.sessions.all() == []  # refused before anything was recorded
     engine.close()
 
 
@@ -233,4 +233,4 @@ def test_replies_held_to_a_schema_on_the_server(remote: RemoteModel, tmp_path: P
     assert engine.runner.schema_in_json_object  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="JSON schema only"):
         engine.stream("lark", "yes or no?", reply_format=ReplyFormat.lark('start: "yes" | "no"'))  # at once
-    assert "lark" not in {s.id for s in engine.sessions()}  # nothing was recorded
+    assert "lark" not in {s.id for s in engine.sessions.all()}  # nothing was recorded

@@ -117,7 +117,7 @@ def engine(tiny_model, make_engine, store_url: str) -> ChatEngine:  # type: igno
 
 
 def _roles(engine: ChatEngine) -> list[str]:
-    return [m.role for m in engine.history("s")]
+    return [m.role for m in engine.sessions.history("s")]
 
 
 def _read_one_piece_then_leave(engine: ChatEngine, how: str, while_held: Callable[[], object]) -> ReplyStream:

@@ -72,10 +72,10 @@ def test_a_reply_with_token_ids_the_model_cannot_take_is_encoded_from_its_text(
         for path in (tampered, without_ids)
     ]
     with caplog.at_level(logging.WARNING, logger="chatcache"):
-        history = engines[0].history("s")
+        history = engines[0].sessions.history("s")
     assert "message 2: its stored token ids are not ids of this model" in caplog.text
     assert history[1].generated_ids is None and history[3].generated_ids is not None
-    assert [m.content for m in history] == [m.content for m in engines[1].history("s")]  # nothing lost
+    assert [m.content for m in history] == [m.content for m in engines[1].sessions.history("s")]  # nothing lost
     got, want = (engine.chat("s", "What about Paris?", max_new_tokens=6) for engine in engines)
     assert got.token_ids == want.token_ids
     for engine in engines:
@@ -99,7 +99,7 @@ def test_a_window_start_that_is_not_an_even_count_starts_the_window_at_zero(
         for path in (tampered, untouched)
     ]
     with caplog.at_level(logging.WARNING, logger="chatcache"):
-        assert len(engines[0].history("s")) == 4
+        assert len(engines[0].sessions.history("s")) == 4
     assert "context_start" in caplog.text and "starting the window at 0" in caplog.text
     assert engines[0].conversations.open("s", create=False).context_start == 0
     got, want = (engine.chat("s", "What about Paris?", max_new_tokens=6) for engine in engines)
@@ -127,7 +127,7 @@ def test_a_reply_whose_meta_is_not_an_object_reads_as_having_none(
         conn.execute("UPDATE messages SET meta = ? WHERE session_id = 's' AND seq = 2", (meta,))
     with ChatEngine(tiny_model, system_prompt=SYSTEM, store=f"sqlite:///{tampered}", token_tier=NO_SPILL) as engine:
         with caplog.at_level(logging.WARNING, logger="chatcache"):
-            history = engine.history("s")
+            history = engine.sessions.history("s")
         assert "message 2: its meta is not a JSON object" in caplog.text
         assert len(history) == 4 and history[1].generated_ids is None  # the reply's text is kept
         assert engine.chat("s", "What about Paris?", max_new_tokens=6).stats.generated_tokens == 6

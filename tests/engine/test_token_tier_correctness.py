@@ -68,7 +68,7 @@ def test_shared_prefix_is_never_changed_by_sessions(make_engine, tiny_model) -> 
     second = engine.chat("b", "Hello there", max_new_tokens=10)
     engine.chat("a", "Book a table", max_new_tokens=10)
     assert second.stats.tier == "prefix"
-    assert second.stats.reused_tokens == len(engine._system_ids)
+    assert second.stats.reused_tokens == len(engine.system_ids)
     assert second.token_ids == first.token_ids == uncached.chat("x", "Hello there", max_new_tokens=10).token_ids
     assert prefix.cache.get_seq_length() == length_before == len(prefix.ids)
     for layer, before in zip(prefix.cache.layers, keys_before):
@@ -98,7 +98,7 @@ def test_turns_of_one_session_are_serialized(make_engine, tiny_model) -> None:  
         thread.start()
     for thread in threads:
         thread.join()
-    roles = [m.role for m in engine.history("s")]
+    roles = [m.role for m in engine.sessions.history("s")]
     assert roles == ["user", "assistant"] * 4
     entry = engine.token_tier._sessions["s"]
     assert entry.cache.get_seq_length() == len(entry.ids)

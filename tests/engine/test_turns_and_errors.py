@@ -40,7 +40,7 @@ def test_cancelled_stream_keeps_the_users_message(engine: ChatEngine) -> None:
     iterator = iter(stream)
     next(iterator)
     stream.close()
-    history = engine.history("s")
+    history = engine.sessions.history("s")
     assert [m.role for m in history] == ["user", "assistant"]
     assert history[0].content == "Hello there"
     assert stream.reply is not None and stream.reply.stats.finish_reason == "cancelled"
@@ -70,7 +70,7 @@ def test_long_conversation_drops_oldest_turns_never_the_system_prompt(make_engin
         dropped.append(got.stats.dropped_turns)
     assert dropped[0] == 0 and dropped[-1] > 0
     assert dropped == sorted(dropped)  # the oldest leave first, and stay out
-    assert len(cached.history("s")) == 16  # the engine still keeps every turn
+    assert len(cached.sessions.history("s")) == 16  # the engine still keeps every turn
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t"])
@@ -78,7 +78,7 @@ def test_empty_message_is_refused_and_nothing_changes(engine: ChatEngine, text: 
     engine.chat("s", "Hello", max_new_tokens=4)
     with pytest.raises(InvalidMessageError, match="empty"):
         engine.chat("s", text)
-    assert len(engine.history("s")) == 2
+    assert len(engine.sessions.history("s")) == 2
 
 
 def test_message_over_the_context_window_is_refused_and_nothing_changes(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -86,7 +86,7 @@ def test_message_over_the_context_window_is_refused_and_nothing_changes(make_eng
     engine.chat("s", "Hello", max_new_tokens=4)
     with pytest.raises(InvalidMessageError, match="context window of 128"):
         engine.chat("s", "booking " * 300, max_new_tokens=4)
-    assert len(engine.history("s")) == 2
+    assert len(engine.sessions.history("s")) == 2
     assert engine.chat("s", "Hello again", max_new_tokens=4).stats.tier == "session"
 
 
@@ -101,9 +101,9 @@ def test_unknown_model_name_gives_one_clear_error(tmp_path) -> None:  # type: ig
 
 def test_unknown_session_is_a_clear_error(engine: ChatEngine) -> None:
     with pytest.raises(UnknownSessionError, match="nope"):
-        engine.history("nope")
+        engine.sessions.history("nope")
     with pytest.raises(UnknownSessionError):
-        engine.end_session("nope")
+        engine.sessions.end("nope")
 
 
 def test_failed_turn_leaves_the_session_unchanged(engine: ChatEngine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,7 +117,7 @@ def test_failed_turn_leaves_the_session_unchanged(engine: ChatEngine, monkeypatc
     with pytest.raises(RuntimeError, match="out of memory"):
         engine.chat("s", "Second")
     monkeypatch.undo()
-    assert len(engine.history("s")) == 2
+    assert len(engine.sessions.history("s")) == 2
     assert engine.token_tier.resident_bytes() == engine.kv_stats().resident_bytes
     assert engine.chat("s", "Second", max_new_tokens=4).stats.generated_tokens == 4
 

@@ -68,7 +68,7 @@ def test_session_id_uses_the_engine_session(lc_model, tiny_model, make_engine) -
     first = model.invoke(QUESTIONS[0], config=config)
     second = model.invoke(QUESTIONS[1], config=config)
     assert second.response_metadata["tier"] == "session" and second.response_metadata["reused_tokens"] > 0
-    assert [m.content for m in model.engine.history("s-1")] == [QUESTIONS[0], first.content, QUESTIONS[1], second.content]
+    assert [m.content for m in model.engine.sessions.history("s-1")] == [QUESTIONS[0], first.content, QUESTIONS[1], second.content]
     reference = make_engine(tiny_model, system_prompt=SYSTEM)
     assert [reference.chat("r", q, max_new_tokens=8).text for q in QUESTIONS[:2]] == [first.content, second.content]
     with pytest.raises(ValueError, match="system_prompt"):
@@ -151,7 +151,7 @@ def test_many_conversations_keep_the_engines_memory_within_its_bound(tiny_model,
     for index in range(20):
         model.invoke([SystemMessage(SYSTEM), HumanMessage(f"conversation {index}")])
         assert len(engine.token_tier._heat) <= 5  # noqa: SLF001 - the structure that used to grow
-    assert len(engine._key_locks) == 0  # noqa: SLF001
+    assert len(engine.turns._key_locks) == 0  # noqa: SLF001
 
 
 def test_langchain_cache_hits_stream_like_generated_answers(lc_model, toy_embed, tmp_path) -> None:  # type: ignore[no-untyped-def]

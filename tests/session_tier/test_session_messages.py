@@ -85,3 +85,29 @@ def test_appending_is_activity(store: SessionStore, clock: FakeClock) -> None:
     session = store.get_session("s1")
     assert session.updated_at == later
     assert session.expires_at == later + store.ttl
+
+
+def test_a_withdrawn_user_message_is_gone_and_its_seq_is_given_again(store: SessionStore) -> None:
+    store.create_session("s1", "ada", "travel")
+    store.append_message("s1", "user", "To Lyon, please", 5)
+    store.append_message("s1", "assistant", "Which day?", 3, reply_to=1)
+    refused = store.append_message("s1", "user", "Tomorrow", 2)
+
+    store.withdraw_message("s1", refused.seq)
+
+    assert [m.content for m in store.messages("s1")] == ["To Lyon, please", "Which day?"]
+    assert store.append_message("s1", "user", "Tomorrow", 2).seq == refused.seq
+
+
+def test_only_the_last_unanswered_user_message_can_be_withdrawn(store: SessionStore) -> None:
+    store.create_session("s1", "ada", "travel")
+    store.append_message("s1", "user", "To Lyon, please", 5)
+    store.append_message("s1", "assistant", "Which day?", 3, reply_to=1)
+
+    with pytest.raises(ValueError, match="not its last message, a user's"):
+        store.withdraw_message("s1", 2)  # the bot's reply
+    with pytest.raises(ValueError, match="not its last message, a user's"):
+        store.withdraw_message("s1", 1)  # answered, and not the last
+    with pytest.raises(UnknownSessionError):
+        store.withdraw_message("nobody", 1)
+    assert len(store.messages("s1")) == 2

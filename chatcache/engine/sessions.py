@@ -1,0 +1,257 @@
+"""A user's sessions with one bot, as the apps and the server see them, and what each holds in memory.
+
+The session tier stores a session (its messages, facts and dialogue state); in memory a
+session also has its conversation copy, its drift topic and turn-tier entries, and its KV in
+the token tier. `Sessions` is the one way in and out for all of it: a turn opens a session
+here (which counts towards the residency bound), and a session that ends, expires or idles
+past the bound is let go of here, everywhere at once. A person answering a handed-off
+session (`agent_reply`, `hand_back`) goes through here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from chatcache.dialog import DialogueEvent, DialogueState, DialogueStateMachine, EventType, State
+from chatcache.storage import ChatSession, SessionStore
+from chatcache.storage import Message as StoredMessage
+
+from ..errors import InvalidMessageError
+from ..model.prompt import Message
+from ..steering.hcac import ContextCoordinator
+from ..tiers.conversations import Conversation, Conversations, check_storable
+from ..tiers.residency import MemoryConfig, ResidentSessions
+from ..tiers.token_tier import TokenTier
+from ..tiers.turn_tier import TurnTier
+
+
+class Sessions:
+    """The sessions of one user with one bot: in the session tier and in this process's memory.
+
+    Args:
+        store: the session tier.
+        conversations: the in-memory copies of the sessions' conversations.
+        token_tier: the sessions' KV; None on a remote model, whose KV is its server's.
+        turn_tier: the sessions' turn-tier entries.
+        coordinator: the dialogue layer and drift detection, which keep a topic per session;
+            None for a plain chatbot.
+        count_tokens: the model's token count of a text (an agent's reply is stored with it).
+        memory: how many sessions, idle for how long, keep their state in memory.
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        conversations: Conversations,
+        token_tier: TokenTier | None,
+        turn_tier: TurnTier,
+        coordinator: ContextCoordinator | None,
+        count_tokens: Callable[[str], int],
+        memory: MemoryConfig,
+    ) -> None:
+        self.store = store
+        self.conversations = conversations
+        self._token_tier = token_tier
+        self._turn_tier = turn_tier
+        self._coordinator = coordinator
+        self._count_tokens = count_tokens
+        self.resident = ResidentSessions(memory, self._unload, self.expire)
+
+    # -- what the apps and the server ask --------------------------------------------
+
+    @property
+    def user_id(self) -> str:
+        return self.conversations.user_id
+
+    @property
+    def bot(self) -> str:
+        """The bot's name in the session tier (a shipped bot's, a file's stem, "custom" or "default")."""
+        return self.conversations.bot
+
+    def create(self, session_id: str, title: str | None = None) -> ChatSession:
+        """Start a session of this user and bot before its first message.
+
+        Raises:
+            SessionExistsError: the id is taken.
+        """
+        return self.store.create_session(session_id, self.conversations.user_id, self.conversations.bot, title)
+
+    def get(self, session_id: str) -> ChatSession:
+        """The session's record (title, status, dialogue state).
+
+        Raises:
+            UnknownSessionError: no such session.
+        """
+        return self.store.get_session(session_id)
+
+    def all(self) -> list[ChatSession]:
+        """This user's sessions in the session tier, most recently active first."""
+        return self.store.list_sessions(user_id=self.conversations.user_id)
+
+    def is_mine(self, session: ChatSession) -> bool:
+        """Whether a stored session belongs to this user and bot."""
+        return (session.user_id, session.bot) == (self.conversations.user_id, self.conversations.bot)
+
+    def in_memory(self, session_id: str) -> bool:
+        """Whether this process holds the session in memory (then it exists); never reads the database."""
+        return self.conversations.loaded(session_id) is not None
+
+    def rename(self, session_id: str, title: str | None) -> ChatSession:
+        """Set (or with None clear) the session's display title.
+
+        Raises:
+            UnknownSessionError: no such session.
+            InvalidIdError: a title too long or not storable.
+        """
+        return self.store.rename_session(session_id, title)
+
+    def history(self, session_id: str) -> list[Message]:
+        """The session's answered turns, oldest first, including those out of the prompt window.
+
+        Raises:
+            UnknownSessionError: no such session in the session tier.
+        """
+        return list(self.conversations.read(session_id).turns)
+
+    def records(self, session_id: str) -> list[StoredMessage]:
+        """Every stored message of the session with what it was stored with (tier, timings,
+        an agent's name), oldest first; a user message still unanswered too.
+
+        Raises:
+            UnknownSessionError: no such session.
+        """
+        return self.store.messages(session_id)
+
+    def end(self, session_id: str) -> None:
+        """End a session in the session tier and let go of what it holds.
+
+        Raises:
+            UnknownSessionError: no such session in the session tier.
+        """
+        self.store.end_session(session_id)
+        self.release(session_id)
+
+    def delete(self, session_id: str) -> None:
+        """Delete a session with its messages and facts, and let go of what it holds.
+
+        Raises:
+            UnknownSessionError: no such session.
+        """
+        self.store.delete_session(session_id)
+        self.release(session_id)
+
+    def clear_caches(self) -> None:
+        """Let go of every session's KV and turn-tier entries; each one's next turn recomputes
+        its context (the terminal app's "clear caches")."""
+        if self._token_tier is not None:  # a remote model's KV is its server's
+            self._token_tier.clear()
+        self._turn_tier.clear()
+
+    def expire(self) -> list[str]:
+        """Expire idle sessions in the session tier and let go of what they held; also drop
+        turn-tier entries past their TTL in sessions that go on (periodic upkeep)."""
+        expired = self.store.expire_sessions()
+        for session_id in expired:
+            self.release(session_id)
+        self._turn_tier.purge_expired()
+        return expired
+
+    # -- a person's side of a handed-off session ---------------------------------------
+
+    def agent_reply(self, session_id: str, text: str, agent: str) -> None:
+        """Record a person's reply in a session handed off to them; the bot stays silent there.
+
+        Raises:
+            UnknownSessionError: no such session.
+            InvalidMessageError: the session is not handed off, or `text` is empty or not storable.
+        """
+        if not text.strip():
+            raise InvalidMessageError("The reply is empty.")
+        check_storable(text, "The agent's reply")
+        with self.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
+            _handed_off(conversation)
+            messages = self.store.messages(session_id)
+            answered = {m.reply_to for m in messages if m.role.value == "assistant"}
+            waiting = [m.seq for m in messages if m.role.value == "user" and m.seq not in answered]
+            meta = {"tier": "agent", "agent": agent, "dialogue_state": State.HANDED_OFF.value}
+            self.store.append_message(
+                session_id, "assistant", text, self._count_tokens(text), meta,
+                reply_to=waiting[-1] if waiting else None, lease=conversation.lease,
+            )  # fmt: skip
+            self.conversations.forget(session_id)  # rebuilt with the person's turn on the next one
+
+    def hand_back(self, session_id: str) -> None:
+        """A person hands a session back to the bot: the dialogue starts over, the history stays.
+
+        Raises:
+            UnknownSessionError: no such session.
+            InvalidMessageError: the session is not handed off.
+        """
+        with self.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
+            machine = DialogueStateMachine.restore(_handed_off(conversation))
+            machine.apply(DialogueEvent(EventType.RESET, event_id=f"{session_id}:{conversation.last_seq}:hand-back"))
+            conversation.dialogue = machine.snapshot()
+            self.conversations.store_state(conversation)
+            self.conversations.forget(session_id)
+            self.release_topic(session_id)
+
+    # -- what a turn holds -------------------------------------------------------------
+
+    @contextmanager
+    def hold(self, session_id: str, create: bool) -> Iterator[Conversation]:
+        """The session's conversation with its lock held (`Conversations.hold`), counted as in
+        use now by the residency bound.
+
+        Raises:
+            UnknownSessionError: `create` is false and the session does not exist.
+        """
+        self.resident.touch(session_id)
+        with self.conversations.hold(session_id, create) as conversation:
+            yield conversation
+
+    def open(self, session_id: str, create: bool) -> Conversation:
+        """The session's conversation without its lock (a background reader takes it itself).
+
+        Raises:
+            UnknownSessionError: `create` is false and the session does not exist.
+        """
+        self.resident.touch(session_id)
+        return self.conversations.open(session_id, create)
+
+    def release_topic(self, session_id: str) -> None:
+        """Forget the session's drift topic and turn-tier entries: derived from turns that are
+        no longer the stored ones (another process answered since, or this turn failed)."""
+        if self._coordinator is not None:
+            self._coordinator.release(session_id)
+        else:
+            self._turn_tier.invalidate(session_id)
+
+    def release(self, session_id: str) -> None:
+        """Free what a session holds in memory and on disk (it ended, expired or was deleted)."""
+        self.conversations.forget(session_id)
+        if self._token_tier is not None:
+            self._token_tier.drop(session_id)
+        self.release_topic(session_id)
+        self.resident.forget(session_id)
+
+    def _unload(self, session_id: str) -> bool:
+        """Let go of an idle session's memory (its KV goes to disk); False while a turn holds it."""
+
+        def release() -> None:
+            if self._token_tier is not None:
+                self._token_tier.unload(session_id)
+            self.release_topic(session_id)
+
+        return self.conversations.unload(session_id, release)
+
+
+def _handed_off(conversation: Conversation) -> DialogueState:
+    """The session's dialogue state, which must be HANDED_OFF.
+
+    Raises:
+        InvalidMessageError: the bot answers this session.
+    """
+    if conversation.dialogue is None or conversation.dialogue.state != State.HANDED_OFF:
+        raise InvalidMessageError("This session is not handed off to a person; the bot answers it.")
+    return conversation.dialogue
