@@ -138,8 +138,10 @@ class ClassifierSettings(_Strict):
 
 
 class TrainingSettings(_Strict):
-    """How `chatcache train` trains the bot's intent model; every field is part of the stored
-    model's key, so `chat` and `serve` find the model trained with exactly these settings.
+    """How `chatcache train` trains the bot's intent model, and how it reads with it. Every field
+    but `reject_share` and `reject_below` is part of the stored model's key, so `chat` and
+    `serve` find the model trained with exactly these settings; those two only say when a
+    message is out of scope, and change without training again.
 
     The encoder and a linear head learn together for `epochs`; `calibration_share` of each
     intent's examples is held out to calibrate the confidence and to set how unfamiliar a

@@ -45,7 +45,7 @@ from pydantic import ValidationError
 
 from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, BotDefinitionError, Embed, Intent, IntentClassifier, IntentResult, load_bot
 from chatcache.dialog.classifier import PROMOTE_THRESHOLD
-from chatcache.dialog.definition import ClassifierSettings
+from chatcache.dialog.definition import ClassifierSettings, TrainingSettings
 
 from ..errors import ModelNotFoundError
 from ..intents.trained import TrainedIntentClassifier, find_trained, training_examples
@@ -261,7 +261,7 @@ def _trained_model(bot: BotDefinition) -> TrainedIntentClassifier:
     stored = find_trained(bot)
     if stored is None:
         stored = train_intent_model(training_examples(bot), bot.training)
-    return TrainedIntentClassifier(stored)
+    return TrainedIntentClassifier(stored, reading=bot.training)
 
 
 def _bot_and_rows(args: argparse.Namespace) -> tuple[BotDefinition, list[Row]]:
@@ -294,10 +294,15 @@ def _bot_and_rows(args: argparse.Namespace) -> tuple[BotDefinition, list[Row]]:
         bot = labelled_bot(by_label, args.per_intent)
         if args.trained:  # a trained model learns "none of these" too, from the file's out-of-scope training queries
             bot = bot.model_copy(update={"out_of_scope_examples": out_of_scope_training_texts(args.train)})
-    if args.epochs is not None:
-        if not args.trained:
-            raise IntentDataError("--epochs sets how a model is trained: it needs --trained")
-        bot = bot.model_copy(update={"training": bot.training.model_copy(update={"epochs": args.epochs})})
+    for option, value in (("epochs", args.epochs), ("reject_share", args.reject_share)):
+        if value is not None:
+            if not args.trained:
+                raise IntentDataError(f"--{option.replace('_', '-')} sets how a trained model is trained or reads: it needs --trained")
+            try:
+                training = TrainingSettings.model_validate({**bot.training.model_dump(), option: value})
+            except ValidationError as error:
+                raise IntentDataError(f"--{option.replace('_', '-')}: {error.errors()[0]['msg']}") from None
+            bot = bot.model_copy(update={"training": training})
     if args.oos is not None:
         rows += out_of_scope_rows(args.oos, set(args.in_scope_domains.split(",")))
     if not rows:
@@ -367,6 +372,7 @@ def _parser() -> argparse.ArgumentParser:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=f"override the classifier's {name.replace('_', ' ')}")
     parser.add_argument("--trained", action="store_true", help="read with the model `chatcache train` stores for these examples (trained now if none is)")
     parser.add_argument("--epochs", type=_positive, help="with --trained: override the training settings' epochs")
+    parser.add_argument("--reject-share", type=_fraction, help="with --trained: override the share of in-scope messages the familiarity rule may reject (no training again)")
     parser.add_argument("--plot", type=Path, help="write the reliability diagram (accuracy against confidence) to this PNG")
     parser.add_argument("--embedder", default="bundled", help="'bundled' (all-MiniLM-L6-v2), a sentence-transformers id or path")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -39,8 +39,12 @@ from ..config import default_data_dir
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-FORMAT = 2
+FORMAT = 3
 """The layout of a stored model; a change makes every older key miss instead of misloading."""
+
+READING_SETTINGS = {"reject_share", "reject_below"}
+"""Training settings that only say how the trained model reads (when a message is out of
+scope): they are not part of the model's key, so a bot's developer tunes them without training again."""
 
 
 def familiarity(logits: np.ndarray, labels: list[str]) -> np.ndarray:
@@ -66,37 +70,39 @@ def familiarity(logits: np.ndarray, labels: list[str]) -> np.ndarray:
 @dataclass(frozen=True)
 class FamiliarityRule:
     """Out of scope below a threshold on the familiarity signals, each standardised by its mean
-    and spread over the held-out in-scope examples and summed; the threshold rejects
-    `reject_share` of those examples (so a bot's developer sets how many of their customers'
-    in-scope messages may go to the fallback, not a score with no unit)."""
+    and spread over the held-out in-scope examples and summed; the threshold rejects a share of
+    those examples (so a bot's developer sets how many of their customers' in-scope messages may
+    go to the fallback, not a score with no unit). The held-out scores are kept, not one
+    threshold, so that the share can change without training again (`threshold`)."""
 
     means: tuple[float, ...]
     spreads: tuple[float, ...]
-    threshold: float
+    scores: tuple[float, ...]  # the held-out in-scope examples' standardised sums, ascending
 
     @classmethod
-    def fit(cls, held_in_scope: np.ndarray, reject_share: float) -> FamiliarityRule | None:
-        """The rule from the familiarity signals of held-out in-scope examples; None with fewer than two.
-
-        The threshold is their scores' `reject_share` quantile when there are enough of them to
-        see that share (one in a hundred needs a hundred); fewer (a bot with a handful of
-        examples an intent) would make it their least familiar one, which rejects much more
-        than the share of what comes next, so it is then read from a normal fit of the scores.
-        """
+    def fit(cls, held_in_scope: np.ndarray) -> FamiliarityRule | None:
+        """The rule from the familiarity signals of held-out in-scope examples; None with fewer than two."""
         if len(held_in_scope) < 2:
             return None
         means, spreads = held_in_scope.mean(axis=0), np.maximum(held_in_scope.std(axis=0), 1e-6)
-        scores = ((held_in_scope - means) / spreads).sum(axis=1)
-        if len(scores) * reject_share >= 1:
-            threshold = float(np.quantile(scores, reject_share))
-        else:
-            threshold = float(scores.mean() + norm.ppf(reject_share) * scores.std())
-        return cls(tuple(map(float, means)), tuple(map(float, spreads)), threshold)
+        scores = np.sort(((held_in_scope - means) / spreads).sum(axis=1))
+        return cls(tuple(map(float, means)), tuple(map(float, spreads)), tuple(map(float, scores)))
 
-    def familiar(self, signals: np.ndarray) -> np.ndarray:
-        """One bool a row: whether the message is familiar enough to be given an intent."""
+    def threshold(self, reject_share: float) -> float:
+        """The score that rejects `reject_share` of the held-out examples: their quantile when
+        there are enough of them to see that share (one in a hundred needs a hundred); fewer (a
+        bot with a handful of examples an intent) would make it their least familiar one, which
+        rejects much more than the share of what comes next, so it is then read from a normal
+        fit of the scores."""
+        scores = np.array(self.scores)
+        if len(scores) * reject_share >= 1:
+            return float(np.quantile(scores, reject_share))
+        return float(scores.mean() + norm.ppf(reject_share) * scores.std())
+
+    def familiar(self, signals: np.ndarray, threshold: float) -> np.ndarray:
+        """One bool a row: whether the message scores at least `threshold` (`threshold`)."""
         scores = ((signals - np.array(self.means)) / np.array(self.spreads)).sum(axis=1)
-        return np.asarray(scores >= self.threshold, dtype=bool)
+        return np.asarray(scores >= threshold, dtype=bool)
 
 
 def training_examples(bot: BotDefinition) -> dict[str, list[str]]:
@@ -109,10 +115,12 @@ def training_examples(bot: BotDefinition) -> dict[str, list[str]]:
 
 
 def model_key(examples: dict[str, list[str]], settings: TrainingSettings) -> str:
-    """A short hash of everything a trained model depends on: the examples, the settings, and
-    the base encoder's weights (a new version of the bundled package, or other files at the
-    same path, is another encoder)."""
-    payload = {"format": FORMAT, "examples": examples, "settings": settings.model_dump(), "encoder": encoder_identity(settings.encoder)}
+    """A short hash of everything a trained model depends on: the examples, the settings that
+    train it (not those that only read with it, `READING_SETTINGS`), and the base encoder's
+    weights (a new version of the bundled package, or other files at the same path, is another
+    encoder)."""
+    trained_by = settings.model_dump(exclude=READING_SETTINGS)
+    payload = {"format": FORMAT, "examples": examples, "settings": trained_by, "encoder": encoder_identity(settings.encoder)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
@@ -147,8 +155,9 @@ class TrainedModelInfo:
 class TrainedIntentClassifier:
     """Reads a message with a bot's trained intent model (an `IntentReader`)."""
 
-    def __init__(self, directory: Path, device: str = "cpu") -> None:
-        """Load a stored model.
+    def __init__(self, directory: Path, device: str = "cpu", reading: TrainingSettings | None = None) -> None:
+        """Load a stored model, to read as `reading`'s `READING_SETTINGS` say (default: as it was
+        trained with; a bot's own settings may have changed them since).
 
         Raises:
             FileNotFoundError: the directory holds no complete model.
@@ -169,6 +178,10 @@ class TrainedIntentClassifier:
             settings=TrainingSettings.model_validate(meta["settings"]),
             measured=dict(meta.get("measured", {})),
         )
+        reading = reading or self.info.settings
+        self.reject_below = reading.reject_below
+        rule = self.info.familiarity
+        self._familiar_from = rule.threshold(reading.reject_share) if rule is not None else None
         head = load_file(str(directory / "head.safetensors"))
         self._weight, self._bias = head["weight"].to(device), head["bias"].to(device)
         self._encoder: SentenceTransformer = SentenceTransformer(str(directory / "encoder"), device=device)
@@ -188,8 +201,11 @@ class TrainedIntentClassifier:
     def classify_many(self, texts: list[str]) -> list[IntentResult]:
         """The verdicts on many messages, encoded in batches (what evaluations use)."""
         logits = self.scaled_logits(texts)
-        rule = self.info.familiarity
-        familiar = rule.familiar(familiarity(logits, self.info.labels)) if rule is not None else np.ones(len(texts), dtype=bool)
+        rule, threshold = self.info.familiarity, self._familiar_from
+        if rule is None or threshold is None:
+            familiar = np.ones(len(texts), dtype=bool)
+        else:
+            familiar = rule.familiar(familiarity(logits, self.info.labels), threshold)
         return [self._verdict(row, known) for row, known in zip(softmax(logits, axis=1), familiar, strict=True)]
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
@@ -214,7 +230,7 @@ class TrainedIntentClassifier:
         best = max(scores, key=scores.__getitem__)
         confidence = ranked[0]
         none_likelier = OUT_OF_SCOPE in self.info.labels and float(probabilities[self.info.labels.index(OUT_OF_SCOPE)]) > confidence
-        accepted = familiar and not none_likelier and confidence >= self.info.settings.reject_below
+        accepted = familiar and not none_likelier and confidence >= self.reject_below
         return IntentResult(
             intent=best if accepted else OUT_OF_SCOPE,
             confidence=confidence,
@@ -232,4 +248,4 @@ def find_trained(bot: BotDefinition, data_dir: Path | None = None) -> Path | Non
 def load_trained(bot: BotDefinition) -> TrainedIntentClassifier | None:
     """The bot's trained intent model when one matches its examples and today's settings, else None."""
     directory = find_trained(bot)
-    return TrainedIntentClassifier(directory) if directory is not None else None
+    return TrainedIntentClassifier(directory, reading=bot.training) if directory is not None else None

@@ -14,8 +14,9 @@ A share of each intent's examples is held out from training and used for two thi
 temperature that makes the head's probabilities calibrated (minimising their negative
 log-likelihood on those examples, then raised if need be until those read above 0.95 are right
 99% of the time), so that the engine's promotion threshold, "confident above 0.95", means what
-it says; and the familiarity threshold that rejects `reject_share` of the
-held-out in-scope examples, under which a message is out of scope. What the held-out examples
+it says; and the familiarity scores of the held-out in-scope examples, from which the model
+reads, when it is loaded, the threshold that rejects `reject_share` of them and under which a
+message is out of scope. What the held-out examples
 measured (accuracy, the confident share and its accuracy) is stored with the model.
 """
 
@@ -205,7 +206,7 @@ def calibrate(
         return 1.0, None, {"held_out": 0}
     temperature = promotion_safe(logits, targets, fit_temperature(logits, targets), labels)
     in_scope = np.array([label != OUT_OF_SCOPE for label in labels])[targets]
-    rule = FamiliarityRule.fit(familiarity(logits / temperature, labels)[in_scope], settings.reject_share)
+    rule = FamiliarityRule.fit(familiarity(logits / temperature, labels)[in_scope])
     return temperature, rule, _held_out_figures(logits, targets, temperature, labels)
 
 

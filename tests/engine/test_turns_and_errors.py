@@ -59,7 +59,7 @@ def test_long_conversation_drops_oldest_turns_never_the_system_prompt(make_engin
     small = dict(context_window=160)
     cached = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None), **small)
     uncached = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False), **small)
-    system_ids = cached._system_ids
+    system_ids = cached.system_ids
     dropped = []
     for turn in range(8):
         text = f"Tell me about booking number {turn} please"

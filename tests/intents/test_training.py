@@ -56,6 +56,17 @@ def test_a_changed_example_or_setting_misses_the_stored_model(trained) -> None: 
     assert find_trained(bot.model_copy(update={"intents": more}), data_dir) is None
     assert find_trained(bot.model_copy(update={"training": bot.training.model_copy(update={"epochs": 41})}), data_dir) is None
     assert find_trained(bot.model_copy(update={"training": bot.training.model_copy(update={"balance_intents": True})}), data_dir) is None
+
+
+def test_the_reading_settings_change_without_training_again(trained) -> None:  # type: ignore[no-untyped-def]
+    bot, data_dir, directory = trained
+    stricter = bot.training.model_copy(update={"reject_share": 0.4, "reject_below": 0.6})
+    assert find_trained(bot.model_copy(update={"training": stricter}), data_dir) == directory
+    as_trained, strict = TrainedIntentClassifier(directory), TrainedIntentClassifier(directory, reading=stricter)
+    texts = [text for examples in WORDS.values() for text in examples]
+    rejected = [sum(r.intent == OUT_OF_SCOPE for r in model.classify_many(texts)) for model in (as_trained, strict)]
+    assert rejected[1] > rejected[0]  # the same model, asked to send more of what it learned to the fallback
+    assert strict.reject_below == 0.6
     assert find_trained(bot.model_copy(update={"out_of_scope_examples": NONE_OF_THESE[:3]}), data_dir) is None
 
 
@@ -131,7 +142,7 @@ def test_a_model_stored_in_another_format_is_refused_with_what_to_do(trained, tm
     record = json.loads((older / "model.json").read_text())
     del record["format"]  # as the first format wrote it
     (older / "model.json").write_text(json.dumps(record))
-    with pytest.raises(FileNotFoundError, match="format 1, this chatcache reads 2: train it again"):
+    with pytest.raises(FileNotFoundError, match="format 1, this chatcache reads 3: train it again"):
         TrainedIntentClassifier(older)
 
 
@@ -184,14 +195,18 @@ def test_a_calibration_share_of_nothing_is_refused_rather_than_holding_out_one_a
 def test_the_familiarity_rule_rejects_its_share_of_held_out_in_scope_examples_and_what_lies_beyond() -> None:
     rng = np.random.default_rng(0)
     held = rng.normal([8.0, 4.0], [1.5, 1.0], size=(2000, 2))
-    rule = FamiliarityRule.fit(held, reject_share=0.05)
+    rule = FamiliarityRule.fit(held)
     assert rule is not None
-    assert (~rule.familiar(held)).mean() == pytest.approx(0.05, abs=0.002)
+    threshold = rule.threshold(0.05)
+    assert (~rule.familiar(held, threshold)).mean() == pytest.approx(0.05, abs=0.002)
     unseen = rng.normal([8.0, 4.0], [1.5, 1.0], size=(2000, 2))  # more of the same kind: about the same share
-    assert (~rule.familiar(unseen)).mean() == pytest.approx(0.05, abs=0.02)
+    assert (~rule.familiar(unseen, threshold)).mean() == pytest.approx(0.05, abs=0.02)
     unlike = rng.normal([2.0, -1.0], [1.5, 1.0], size=(200, 2))  # low logits, "none of these" likely
-    assert (~rule.familiar(unlike)).mean() > 0.99
-    assert FamiliarityRule.fit(held[:1], 0.05) is None  # one example has no spread to measure by
+    assert (~rule.familiar(unlike, threshold)).mean() > 0.99
+    assert (~rule.familiar(unseen, rule.threshold(0.01))).mean() == pytest.approx(0.01, abs=0.01)  # another share, no refit
+    few = FamiliarityRule.fit(held[:20])  # too few to see 1 in 100: read from a normal fit, not their least familiar one
+    assert few is not None and few.threshold(0.01) < min(few.scores)
+    assert FamiliarityRule.fit(held[:1]) is None  # one example has no spread to measure by
 
 
 def test_familiarity_signals_are_the_in_scope_log_sum_exp_and_its_log_odds_against_none_of_these() -> None:
@@ -204,17 +219,21 @@ def test_familiarity_signals_are_the_in_scope_log_sum_exp_and_its_log_odds_again
     assert familiarity(logits[:, :2], ["a", "b"]) == pytest.approx(in_scope[:, None])  # no "none of these" to weigh
 
 
-def test_the_stored_threshold_decides_out_of_scope_whatever_the_best_intent(trained) -> None:  # type: ignore[no-untyped-def]
-    import dataclasses
+def test_the_stored_scores_decide_out_of_scope_whatever_the_best_intent(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import json
+    import shutil
 
     directory = trained[2]
     stored = json.loads((directory / "model.json").read_text())["familiarity"]
-    assert set(stored) == {"means", "spreads", "threshold"} and len(stored["means"]) == 2
-    model = TrainedIntentClassifier(directory)
-    assert model.info.familiarity is not None and model.classify("I lost my card").intent == "lost_card"
-    model.info = dataclasses.replace(model.info, familiarity=dataclasses.replace(model.info.familiarity, threshold=float("inf")))
-    verdict = model.classify("I lost my card")
+    assert set(stored) == {"means", "spreads", "scores"} and len(stored["means"]) == 2
+    assert len(stored["scores"]) == 3 and stored["scores"] == sorted(stored["scores"])  # one held out an intent
+    assert TrainedIntentClassifier(directory).classify("I lost my card").intent == "lost_card"
+    unreachable = tmp_path / "unreachable"
+    shutil.copytree(directory, unreachable)
+    record = json.loads((unreachable / "model.json").read_text())
+    record["familiarity"]["scores"] = [1e6, 1e6 + 1.0]  # held-out examples far more familiar than anything
+    (unreachable / "model.json").write_text(json.dumps(record))
+    verdict = TrainedIntentClassifier(unreachable).classify("I lost my card")
     assert verdict.intent == OUT_OF_SCOPE and max(verdict.scores, key=verdict.scores.__getitem__) == "lost_card"
 
 
@@ -246,7 +265,7 @@ def test_the_temperature_is_raised_until_readings_above_the_promotion_threshold_
 
 def test_a_familiar_message_below_the_confidence_floor_is_out_of_scope(trained) -> None:  # type: ignore[no-untyped-def]
     model = TrainedIntentClassifier(trained[2])
-    floor = model.info.settings.reject_below
+    floor = model.reject_below
     labels = model.info.labels  # balance, hours, lost_card, out_of_scope
     torn = np.array([floor - 0.01, 0.25, 0.25, 0.51 - floor])  # the best intent just under the floor
     sure = np.array([floor + 0.01, 0.25, 0.25, 0.49 - floor])
