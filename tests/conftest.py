@@ -9,11 +9,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from chatcache.storage.engine import sqlite_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -260,3 +265,36 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
     SentenceTransformer(modules=[transformer, pooling, Normalize()], device="cpu").save(str(directory / "encoder"))
     return directory / "encoder"
+
+
+# -- the session tier's databases: SQLite, and PostgreSQL when a server is given in
+# CHATCACHE_TEST_POSTGRES_URL (`.ci/run` starts one) ----------------------------------------
+
+POSTGRES_URL = os.environ.get("CHATCACHE_TEST_POSTGRES_URL")
+BACKENDS = ["sqlite"] + (["postgresql"] if POSTGRES_URL else [])
+
+
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty database on the test server, dropped afterwards."""
+    assert POSTGRES_URL is not None
+    name = f"chatcache_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on each backend, as a URL another process can be given: a SQLite file
+    in `tmp_path`, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path).render_as_string(hide_password=False)
+    url: str = request.getfixturevalue("postgres_database")
+    return url

@@ -55,13 +55,9 @@ for line in sys.stdin:
 
 
 @pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/sessions.db"
-
-
-@pytest.fixture
 def lease_probe(store_url: str) -> Iterator[Callable[[str], str]]:
-    """`probe("try")` or `probe("wait")`: what a second process finds of the session's lease."""
+    """`probe("try")` or `probe("wait")`: what a second process finds of the session's lease
+    (on SQLite, and on PostgreSQL when the tests have a server: `store_url`)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", LEASE_PROBE, store_url, str(WAIT_S)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -182,12 +182,15 @@ def test_a_version_3_database_gains_the_answer_audits_table_and_keeps_its_data(
 
 
 def test_a_version_4_database_moves_flow_active_out_of_the_state_into_pinned(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store_url: str | URL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before schema 5 the store read a top-level `"flow_active": true` in the state to keep a
     session mid-flow from expiring. Upgraded, such a session is pinned instead, the key is gone
-    from its state and the rest of the state is as it was; the others expire as before."""
+    from its state and the rest of the state is as it was; the others expire as before. On
+    SQLite and PostgreSQL (whose JSON and BOOLEAN columns the migration writes otherwise)."""
     from datetime import timezone
+
+    from sqlalchemy import JSON, Column, DateTime, Integer, MetaData, String, Table, insert
 
     from chatcache.storage import SessionStatus
 
@@ -199,14 +202,28 @@ def test_a_version_4_database_moves_flow_active_out_of_the_state_into_pinned(
     }
     with monkeypatch.context() as older:
         older.setattr(migrations, "MIGRATIONS", MIGRATIONS[:4])
-        with SessionStore.open(tmp_path) as store:
+        with SessionStore(store_url) as store:
             assert store.schema_version == 4
-    for session_id, state in states.items():
-        insert_old_session(tmp_path, session_id, state)
-    with closing(sqlite3.connect(tmp_path / DB_FILENAME)) as conn:
-        assert "pinned" not in {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
+    # Session rows as schema 4 laid them out (the current models would write a column it lacks).
+    v4 = Table(
+        "sessions", MetaData(), Column("id", String(128)), Column("user_id", String(128)), Column("bot", String(128)),
+        Column("status", String(16)), Column("version", Integer), Column("state", JSON),
+        Column("created_at", DateTime), Column("updated_at", DateTime), Column("expires_at", DateTime),
+    )  # fmt: skip
+    now = datetime.now()
+    engine = create_storage_engine(store_url, busy_timeout=30)
+    try:
+        with engine.begin() as connection:
+            for session_id, state in states.items():
+                connection.execute(insert(v4).values(
+                    id=session_id, user_id="ada", bot="travel", status="active", version=1, state=state,
+                    created_at=now, updated_at=now, expires_at=now + timedelta(hours=1),
+                ))  # fmt: skip
+        assert "pinned" not in {column["name"] for column in inspect(engine).get_columns("sessions")}
+    finally:
+        engine.dispose()
 
-    with SessionStore.open(tmp_path) as store:
+    with SessionStore(store_url) as store:
         assert store.schema_version == LATEST >= 5
         upgraded = {s.id: s for s in store.list_sessions()}
         assert {i: s.pinned for i, s in upgraded.items()} == {"mid-flow": True, "flow-done": False, "no-flow": False, "untouched": False}
@@ -216,4 +233,3 @@ def test_a_version_4_database_moves_flow_active_out_of_the_state_into_pinned(
         later = datetime.now(timezone.utc) + timedelta(days=30)
         assert sorted(store.expire_sessions(later)) == ["flow-done", "no-flow", "untouched"]
         assert store.get_session("mid-flow").status is SessionStatus.ACTIVE
-    assert recorded_versions(tmp_path) == list(range(1, LATEST + 1))
