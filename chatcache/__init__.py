@@ -34,18 +34,29 @@ if TYPE_CHECKING:
     from .model.loading import ChatModel, load_chat_model, load_embedder
     from .model.prompt import Message
     from .model.remote import RemoteModel, connect_remote_model
+    from .model.scheduler import Scheduler
+    from .model.text_stream import token_pieces
+    from .model.tools import CHOICE_NAMES, CallSyntax, ToolCall, ToolChoice, parse_calls, written
+    from .model_runner import build_token_tier
     from .reply_format import ReplyFormat
-    from .model.tools import ToolCall
     from .reply import AsyncReplyStream, Reply, ReplyStream, TurnStats
+    from .steering.hcac import Embed, sentence_embed
+    from .steering.tool_router import TOOL_ROUTE_THRESHOLD
+    from .steering.tool_use import check_tools
     from .tiers.residency import MemoryConfig
     from .tiers.token_tier import TokenTier, TokenTierStats
     from .tiers.turn_tier import TurnTierConfig
 
 # Each public name and the module that defines it (".x": chatcache.x); `ChatEngine` takes the
-# session store and the bot definition from its subpackages storage and dialog.
+# session store and the bot definition from its subpackages storage and dialog. Besides what
+# configures and runs an engine: what a front (the server, LangChain, the apps) needs beside it,
+# sharing a model's scheduler, token tier and embedder between engines, and reading and writing
+# tool calls in the model's format.
 _EXPORTS = {
     "AnswerCacheConfig": ".answer_cache",
     "AsyncReplyStream": ".reply",
+    "CHOICE_NAMES": ".model.tools",
+    "CallSyntax": ".model.tools",
     "ChatCacheError": ".errors",
     "ChatEngine": ".engine",
     "BotDefinition": ".dialog",
@@ -53,6 +64,7 @@ _EXPORTS = {
     "ConfigError": ".errors",
     "CorruptDatabaseError": ".errors",
     "DriftConfig": ".steering.drift",
+    "Embed": ".steering.hcac",
     "GenerationConfig": ".config",
     "InvalidIdError": ".errors",
     "InvalidMessageError": ".errors",
@@ -64,33 +76,45 @@ _EXPORTS = {
     "Reply": ".reply",
     "ReplyFormat": ".reply_format",
     "ReplyStream": ".reply",
+    "Scheduler": ".model.scheduler",
     "SessionClosedError": ".errors",
     "SessionStore": ".storage",
     "StageThresholds": ".steering.drift",
     "StorageError": ".errors",
+    "TOOL_ROUTE_THRESHOLD": ".steering.tool_router",
     "TokenTier": ".tiers.token_tier",
     "ToolCall": ".model.tools",
+    "ToolChoice": ".model.tools",
     "TokenTierConfig": ".config",
     "TokenTierStats": ".tiers.token_tier",
     "TurnTierConfig": ".tiers.turn_tier",
     "TurnStats": ".reply",
     "UnknownSessionError": ".errors",
+    "build_token_tier": ".model_runner",
+    "check_tools": ".steering.tool_use",
     "connect_remote_model": ".model.remote",
     "default_data_dir": ".config",
     "load_chat_model": ".model.loading",
     "load_embedder": ".model.loading",
+    "parse_calls": ".model.tools",
+    "sentence_embed": ".steering.hcac",
+    "token_pieces": ".model.text_stream",
+    "written": ".model.tools",
 }
 
 __all__ = [
     "AnswerCacheConfig",
     "AsyncReplyStream",
     "BotDefinition",
+    "CHOICE_NAMES",
+    "CallSyntax",
     "ChatCacheError",
     "ChatEngine",
     "ChatModel",
     "ConfigError",
     "CorruptDatabaseError",
     "DriftConfig",
+    "Embed",
     "GenerationConfig",
     "InvalidIdError",
     "InvalidMessageError",
@@ -102,21 +126,30 @@ __all__ = [
     "Reply",
     "ReplyFormat",
     "ReplyStream",
+    "Scheduler",
     "SessionClosedError",
     "SessionStore",
     "StageThresholds",
     "StorageError",
+    "TOOL_ROUTE_THRESHOLD",
     "TokenTier",
     "TokenTierConfig",
     "TokenTierStats",
     "ToolCall",
+    "ToolChoice",
     "TurnTierConfig",
     "TurnStats",
     "UnknownSessionError",
+    "build_token_tier",
+    "check_tools",
     "connect_remote_model",
     "default_data_dir",
     "load_chat_model",
     "load_embedder",
+    "parse_calls",
+    "sentence_embed",
+    "token_pieces",
+    "written",
 ]
 
 

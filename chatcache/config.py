@@ -11,9 +11,9 @@ from chatcache.storage import default_data_dir
 
 from .errors import ConfigError
 from .reply_format import ReplyFormat
-from .spill_keys import check_keys, load_spill_keys
+from .spill_keys import check_keys, environment_keys, load_spill_keys, read_key_file
 
-__all__ = ["GenerationConfig", "TokenTierConfig", "default_data_dir"]
+__all__ = ["GenerationConfig", "TokenTierConfig", "check_spill_keys", "default_data_dir"]
 
 
 @dataclass
@@ -62,6 +62,21 @@ class TokenTierConfig:
             self.spill_dir = Path(self.spill_dir).expanduser()
             if not self.spill_keys:
                 self.spill_keys = load_spill_keys(self.spill_dir, self.spill_key_file)
+
+
+def check_spill_keys(key_file: Path | None) -> None:
+    """Read the spill keys a `TokenTierConfig` with this `spill_key_file` would load (the file's,
+    else the environment's), so that a short or missing key fails before a server loads its
+    model, not minutes later when it builds its token tier. A key the data directory would
+    generate on first use is not made here: there is nothing to check yet.
+
+    Raises:
+        ConfigError: a key is too short, or the key file is unreadable or holds none.
+    """
+    if key_file is not None:
+        read_key_file(key_file)
+    else:
+        environment_keys()
 
 
 @dataclass

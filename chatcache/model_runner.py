@@ -4,9 +4,10 @@
 tier (cropped to what the prompt shares with it), hands the rest of the prompt to the
 scheduler (which batches the decodes of every running turn), streams the reply, and checks
 the KV back in covering everything the model has seen. `complete` answers a prompt off the
-record, for answer-cache audits and prefetching, through the same scheduler. A model whose
-cache cannot be batched (sliding-window or linear-attention layers) decodes in the caller's
-thread instead, one token at a time.
+record, for answer-cache audits and prefetching, through the same scheduler; `decode_batches`
+runs a warm-up's batches on it, so its step costs are measured before the first turn. A model
+whose cache cannot be batched (sliding-window or linear-attention layers) decodes in the
+caller's thread instead, one token at a time.
 
 It joins the model and the token tier, so it sits above both: `model/` runs a model on
 whatever cache it is given and never imports `tiers/`.
@@ -15,7 +16,7 @@ whatever cache it is given and never imports `tiers/`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 from transformers import DynamicCache
 
@@ -29,7 +30,7 @@ from .model.prompt import Message, Prompt, PromptRenderer
 from .model.scheduler import Request
 from .model.text_stream import TextStream
 from .reply import TurnStats
-from .tiers.token_tier import TokenTier
+from .tiers.token_tier import Checkout, TokenTier
 
 
 def eos_token_ids(chat_model: ChatModel) -> set[int]:
@@ -160,6 +161,31 @@ class ModelRunner:
             self._stop(tokens, cache)
         mean_entropy = sum(entropies) / len(entropies) if entropies else 0.0
         return Completion(text_stream.text, mean_entropy, last in self.eos_ids)
+
+    def decode_batches(self, question: list[int], batch_sizes: Sequence[int]) -> None:
+        """Decode a few steps of each of `batch_sizes` rows together on the scheduler, keeping
+        nothing, so that it has measured those batch sizes' step costs (and its prefill rate)
+        before anyone predicts a turn's wait from them.
+
+        Each row is a new session's first turn on `question`, from a copy of the system prompt's
+        KV: a step's cost grows with the context it attends over, and rates measured on a few
+        tokens of context made the first turns of a burst wait twice their prediction. A batch
+        grows only while the token tier has room for another row.
+        """
+        prompt = self.system_ids + question
+        for rows in batch_sizes:
+            # No end-of-reply ids: every row decodes until all have joined, so the batch reaches `rows`.
+            params = GenerationConfig(max_new_tokens=rows + 1)
+            reserve = len(prompt) + params.max_new_tokens
+            checkouts: list[Checkout] = []
+            while len(checkouts) < rows and (not checkouts or self.token_tier.fits(reserve)):
+                checkouts.append(self.token_tier.checkout(f"warm-up-{len(checkouts)}", prompt, self.system_ids, reserve))
+            requests = [self.chat_model.scheduler.submit(c.cache, prompt[c.reused :], params, set()) for c in checkouts]
+            for request in requests:
+                for _ in request:
+                    pass
+            for index in range(len(checkouts)):
+                self.token_tier.release(f"warm-up-{index}")  # never checked in: nothing is kept
 
     def _finish_reason(self, generated: list[int], text_stream: TextStream) -> str:
         if text_stream.stopped:

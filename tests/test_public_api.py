@@ -1,5 +1,7 @@
 """The public names: what `from chatcache import *` gives, and that it covers everything
-`ChatEngine` takes, so no one has to import from a submodule to configure an engine."""
+`ChatEngine` takes and hands out, so no one has to import from a submodule to configure an
+engine or to read what it returns (the server, LangChain and the apps may not: pyproject.toml's
+import contracts)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ PUBLIC = {
     "SessionClosedError", "SessionStore", "StageThresholds", "StorageError", "TokenTier", "TokenTierConfig",
     "TokenTierStats", "ToolCall", "TurnStats", "TurnTierConfig", "UnknownSessionError", "connect_remote_model", "default_data_dir",
     "load_chat_model", "load_embedder",
+    # engines sharing one model: its scheduler, token tier and embedder
+    "Embed", "Scheduler", "build_token_tier", "sentence_embed",
+    # tool calls in the model's format, and a cached answer replayed as if streamed
+    "CHOICE_NAMES", "CallSyntax", "TOOL_ROUTE_THRESHOLD", "ToolChoice", "check_tools", "parse_calls", "token_pieces", "written",
 }  # fmt: skip
 
 
@@ -36,12 +42,23 @@ def _classes(annotation: object) -> set[type]:
 
 
 def test_everything_chat_engine_takes_is_public() -> None:
-    from chatcache.steering.hcac import Embed
-
-    hints = typing.get_type_hints(chatcache.ChatEngine.__init__, localns={"Embed": Embed})
+    hints = typing.get_type_hints(chatcache.ChatEngine.__init__, localns={"Embed": chatcache.Embed})
     taken = {c for name, hint in hints.items() if name != "return" for c in _classes(hint)}
     assert len(taken) >= 8, f"too few classes found in ChatEngine's signature: {taken}"
     missing = {c.__name__ for c in taken if getattr(chatcache, c.__name__, None) is not c}
     assert not missing, f"ChatEngine takes these, but chatcache does not export them: {missing}"
     parameters = inspect.signature(chatcache.ChatEngine).parameters
     assert {"model", "store", "bot", "token_tier", "turn_tier", "memory", "answer_cache", "drift"} <= set(parameters)
+
+
+def test_what_an_engine_and_its_model_hand_out_is_public() -> None:
+    """The server and LangChain hold these and may import only `chatcache`: the syntax a reply's
+    calls are read in, the model's scheduler (admission control reads its rates), the tool
+    choices and the router's default threshold `complete` takes."""
+    call_syntax = typing.get_type_hints(chatcache.ChatEngine.call_syntax.fget)["return"]
+    scheduler = typing.get_type_hints(chatcache.ChatModel.scheduler.fget)["return"]
+    assert call_syntax is chatcache.CallSyntax and scheduler is chatcache.Scheduler
+    complete = inspect.signature(chatcache.ChatEngine.complete).parameters
+    assert complete["tool_route_threshold"].default == chatcache.TOOL_ROUTE_THRESHOLD
+    assert set(chatcache.CHOICE_NAMES.values()) == {"auto", "any", "none"}
+    assert chatcache.parse_calls('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')[1] == [chatcache.ToolCall("f", {})]

@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, OptionList
 
 from chatcache import ChatEngine, Reply, ReplyStream, StorageError
-from chatcache.dialog import shipped_bots
+from chatcache.dialog import State, shipped_bots
 from chatcache.storage import ChatSession
 
 from .export import default_export_dir, export_session
@@ -151,7 +151,9 @@ class ChatApp(App[int]):
         return True
 
     def refresh_sessions(self) -> None:
-        self.query_one(SessionList).show(self._sessions(), self.session_id, self.pending)
+        sessions = self._sessions()
+        handed_off = {s.id for s in sessions if self.engine.sessions.dialogue_state(s) == State.HANDED_OFF}
+        self.query_one(SessionList).show(sessions, self.session_id, self.pending, handed_off)
 
     async def open_session(self, session_id: str) -> None:
         """Show `session_id`'s record (all messages, also unanswered ones) and its turns' figures."""

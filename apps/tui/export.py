@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from chatcache.engine.sessions import Sessions
+from chatcache.engine import Sessions
 from chatcache.storage import ChatSession, default_data_dir
 from chatcache.storage import Message as StoredMessage
 

@@ -32,7 +32,7 @@ from ..reply import AsyncReplyStream, Reply, ReplyStream
 from ..reply_format import ReplyFormat
 from ..steering.drift import DriftConfig
 from ..steering.hcac import ContextCoordinator, Embed, sentence_embed
-from ..steering.tool_router import ROUTE_THRESHOLD
+from ..steering.tool_router import TOOL_ROUTE_THRESHOLD
 from ..tiers.conversations import Conversations, check_storable
 from ..tiers.residency import MemoryConfig
 from ..tiers.token_tier import TokenTier, TokenTierStats
@@ -43,7 +43,7 @@ from .given import GivenConversations, conversation_key
 from .sessions import Sessions
 from .turns import Admit, TurnPipeline
 
-__all__ = ["Admit", "ChatEngine", "LeastCost", "conversation_key"]
+__all__ = ["Admit", "ChatEngine", "LeastCost", "Sessions", "conversation_key"]
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class ChatEngine:
         tools: Sequence[Mapping[str, Any]] = (),
         tool_choice: ToolChoice = "auto",
         parallel_tool_calls: bool = False,
-        tool_route_threshold: float | None = ROUTE_THRESHOLD,
+        tool_route_threshold: float | None = TOOL_ROUTE_THRESHOLD,
     ) -> ReplyStream:
         """Answer the last user message of a conversation the caller keeps (LangChain's way, or
         an OpenAI-style request), through the same steps as a session's turn but recording nothing.
@@ -303,6 +303,29 @@ class ChatEngine:
         holder: list[Reply] = []
         pieces = self.turns.counted(self.turns.run_given(conversation, turn, holder))
         return ReplyStream(pieces, lambda: holder[0] if holder else None, self.sessions.resident.config.abandon_stream_after_s)
+
+    def warm_up(self, batch_sizes: Sequence[int] = ()) -> None:
+        """Answer once off the record, so that the scheduler has measured its prefill rate and a
+        lone row's decode step before the first user's turn; then decode a few steps of each of
+        `batch_sizes` rows together (`ModelRunner.decode_batches`), so that it has measured those
+        batches' step costs too before a server's admission control predicts waits from them.
+
+        Nothing is left behind: the answer is sampled (the answer cache keeps no sampled reply)
+        and every KV made for it is dropped.
+
+        Raises:
+            ConfigError: batch sizes on a remote model, whose scheduler is its server's.
+        """
+        runner = self.runner
+        if batch_sizes and not isinstance(runner, ModelRunner):
+            raise ConfigError("A remote model's scheduler is its server's: only a local model's batches can be warmed up here.")
+        with self.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0) as reply:
+            for _ in reply:
+                pass
+        if self.token_tier is not None:
+            self.token_tier.drop("warm-up")
+        if isinstance(runner, ModelRunner):
+            runner.decode_batches(self.renderer.encode_text("Hello, how can I help you today?"), batch_sizes)
 
     def close(self) -> None:
         """Stop prefetching, spill idle sessions' KV to disk and close the session database.

@@ -19,8 +19,9 @@ from chatcache.storage import Message as StoredMessage
 
 from ..errors import InvalidMessageError
 from ..model.prompt import Message
+from ..steering.handoff import handoff_summary
 from ..steering.hcac import ContextCoordinator
-from ..tiers.conversations import Conversation, Conversations, check_storable
+from ..tiers.conversations import Conversation, Conversations, check_storable, stored_dialogue
 from ..tiers.residency import MemoryConfig, ResidentSessions
 from ..tiers.token_tier import TokenTier
 from ..tiers.turn_tier import TurnTier
@@ -92,6 +93,22 @@ class Sessions:
     def is_mine(self, session: ChatSession) -> bool:
         """Whether a stored session belongs to this user and bot."""
         return (session.user_id, session.bot) == (self.conversations.user_id, self.conversations.bot)
+
+    def dialogue_state(self, session: ChatSession) -> State | None:
+        """The dialogue state a stored session is in (HANDED_OFF: a person answers it); None for
+        one without (a plain chatbot's, or an unreadable record). Read from the record as given,
+        so a list of sessions costs no further database reads."""
+        dialogue = stored_dialogue(session.id, session.state)
+        return dialogue.state if dialogue is not None else None
+
+    def handoff_summary(self, session_id: str) -> str:
+        """What a person taking the session over reads first: the intents recognised, the facts
+        confirmed and the customer's last messages, as stored (`steering/handoff.py`).
+
+        Raises:
+            UnknownSessionError: no such session.
+        """
+        return handoff_summary(self.store.messages(session_id), self.store.facts(session_id))
 
     def in_memory(self, session_id: str) -> bool:
         """Whether this process holds the session in memory (then it exists); never reads the database."""

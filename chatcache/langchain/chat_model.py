@@ -46,12 +46,11 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from transformers import PreTrainedTokenizerBase
 
+from chatcache import CHOICE_NAMES, TOOL_ROUTE_THRESHOLD, CallSyntax, parse_calls, token_pieces
+
 from ..engine import ChatEngine
-from ..reply_format import from_response_format
-from ..model.tools import CHOICE_NAMES, CallSyntax, parse_calls
-from ..model.text_stream import token_pieces
-from ..steering.tool_router import ROUTE_THRESHOLD
 from ..reply import Reply, ReplyStream
+from ..reply_format import from_response_format
 from .messages import to_chatcache
 
 _CALL_PARAMS = ("max_tokens", "temperature", "top_p", "seed")
@@ -92,7 +91,7 @@ class CachedChatModel(BaseChatModel):
     store: str | None = None
     tenant: str = "default"
     streaming: bool = False
-    tool_route_threshold: float | None = ROUTE_THRESHOLD
+    tool_route_threshold: float | None = TOOL_ROUTE_THRESHOLD
     _engines: dict[str, ChatEngine] = PrivateAttr(default_factory=dict)  # per-call `model=` overrides
 
     @model_validator(mode="after")

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, message_to_dict, messages_from_dict
 
+from chatcache import written
 from chatcache.storage import SessionStore, UnknownSessionError
 
-from ..model.tools import HERMES, written
 from .messages import converted
 
 _MESSAGE = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
@@ -63,7 +63,7 @@ class SessionChatHistory(BaseChatMessageHistory):
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         # Checked all before any is written; stored as the documented tool format writes them,
         # the message whole beside it.
-        rows = [(text.role, text.content, message_to_dict(m)) for m in messages for text in written([converted(m)], HERMES)]
+        rows = [(text.role, text.content, message_to_dict(m)) for m in messages for text in written([converted(m)])]
         self.store.get_or_create_session(self.session_id, user_id=self.user_id, bot=self.bot)
         for role, text, whole in rows:
             self.store.append_message(

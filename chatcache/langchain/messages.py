@@ -22,8 +22,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from ..model.prompt import Message
-from ..model.tools import ToolCall
+from chatcache import Message, ToolCall
 
 _CHAT_ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant"}
 _TEXT_BLOCKS = {"text"}

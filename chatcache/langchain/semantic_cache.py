@@ -20,22 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.load import dumps, loads
 from langchain_core.outputs import ChatGeneration
 
+from chatcache import Embed, load_embedder, sentence_embed
 from chatcache.storage import SessionStore
 
 from ..answer_cache import AnswerCache, AnswerCacheConfig, Scope, conversation_context
 from ..config import default_data_dir
-from ..steering.hcac import sentence_embed
-from ..model.loading import load_embedder
 
-Embed = Callable[[list[str]], np.ndarray]
 DEFAULT_FILE = "langchain-cache.db"
 _MODEL = "langchain"  # the scope's model field: llm_string, in the context, names the real one
 

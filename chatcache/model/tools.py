@@ -147,10 +147,11 @@ def is_result(message: Message) -> bool:
     return message.role == "tool" or (message.role == "user" and message.content.startswith(RESULT_OPEN))
 
 
-def written(messages: Sequence[Message], syntax: CallSyntax) -> list[Message]:
+def written(messages: Sequence[Message], syntax: CallSyntax = HERMES) -> list[Message]:
     """`messages` as the model reads them: each assistant message's calls written after its
     text, and the results as `syntax` takes them (`tool` messages, or one user message for
-    the results of one reply's calls)."""
+    the results of one reply's calls); by default in the documented format, Hermes', as a
+    record kept apart from any model stores them (`SessionChatHistory`)."""
     laid_out: list[Message] = []
     for message in messages:
         if message.tool_calls:

@@ -42,7 +42,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..model.scheduler import RATE_WEIGHT, Scheduler
+from chatcache import Scheduler
+
+OVERHEAD_WEIGHT = 0.2  # weight of the newest turn in the learned overhead (a moving average, as the scheduler's rates)
 
 
 class Overloaded(Exception):
@@ -184,4 +186,4 @@ class AdmissionControl:
 
     def _learn(self, overhead_s: float) -> None:
         with self._lock:
-            self.overhead_s = (1 - RATE_WEIGHT) * self.overhead_s + RATE_WEIGHT * max(0.0, overhead_s)
+            self.overhead_s = (1 - OVERHEAD_WEIGHT) * self.overhead_s + OVERHEAD_WEIGHT * max(0.0, overhead_s)

@@ -24,15 +24,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from chatcache.storage import StorageError
+from chatcache import ChatModel, Embed
+from chatcache.dialog import State
+from chatcache.storage import ChatSession, StorageError
 
 from ..engine import ChatEngine, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
-from ..model.loading import ChatModel
 from ..reply import ReplyStream
-from ..steering.handoff import HANDED_OFF, handoff_summary
-from ..tiers.conversations import stored_dialogue
-from ..steering.hcac import Embed
 from . import schemas
 from .admission import Ticket
 from .errors import ApiError, api_error, error_body
@@ -170,15 +168,20 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         s = server()
         tenant = s.authenticate(authorization)
         wanted = (body.id if body else None) or uuid.uuid4().hex
-        session = await asyncio.to_thread(_guarded, lambda: s.tenants(tenant).sessions.create(_stored(tenant, wanted), body.title if body else None))
-        return _session_summary(tenant, session)
+
+        def create() -> dict[str, Any]:
+            engine = s.tenants(tenant)
+            return _session_summary(engine, tenant, engine.sessions.create(_stored(tenant, wanted), body.title if body else None))
+
+        return await asyncio.to_thread(_guarded, create)
 
     @app.get("/v1/sessions")
     async def list_sessions(authorization: str | None = Header(None), handed_off: bool | None = None) -> dict[str, Any]:
         s = server()
         tenant = s.authenticate(authorization)
-        sessions = await asyncio.to_thread(_guarded, s.tenants(tenant).sessions.all)
-        rows = [_session_summary(tenant, session) for session in sessions]
+        engine = s.tenants(tenant)
+        sessions = await asyncio.to_thread(_guarded, engine.sessions.all)
+        rows = [_session_summary(engine, tenant, session) for session in sessions]
         if handed_off is not None:
             rows = [row for row in rows if row["handed_off"] == handed_off]
         return {"object": "list", "data": rows}
@@ -191,11 +194,12 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         stored = _stored(tenant, session_id)
 
         def read() -> dict[str, Any]:
-            summary = _session_summary(tenant, store.get_session(stored))
+            engine = s.tenants(tenant)
+            summary = _session_summary(engine, tenant, engine.sessions.get(stored))
             messages, facts = store.messages(stored), store.facts(stored)
             return {
                 **summary,
-                "handoff_summary": handoff_summary(messages, facts) if summary["handed_off"] else None,
+                "handoff_summary": engine.sessions.handoff_summary(stored) if summary["handed_off"] else None,
                 "messages": [_message(m) for m in messages],
                 "facts": [{"kind": f.kind.value, "name": f.name, "value": f.value, "confidence": f.confidence} for f in facts],
             }
@@ -244,7 +248,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         """The person hands the session back to the bot."""
         def back(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
             engine.sessions.hand_back(stored)
-            return _session_summary(tenant, engine.sessions.get(stored))
+            return _session_summary(engine, tenant, engine.sessions.get(stored))
 
         return await on_session(authorization, session_id, back)
 
@@ -252,7 +256,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
         def end(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
             engine.sessions.end(stored)
-            return _session_summary(tenant, engine.sessions.get(stored))
+            return _session_summary(engine, tenant, engine.sessions.get(stored))
 
         return await on_session(authorization, session_id, end)
 
@@ -293,16 +297,15 @@ def _guarded(call: Callable[[], Any]) -> Any:
         raise api_error(error) from None
 
 
-def _session_summary(tenant: str, session: Any) -> dict[str, Any]:
-    dialogue = stored_dialogue(session.id, session.state)
-    state = dialogue.state.value if dialogue is not None else None
+def _session_summary(engine: ChatEngine, tenant: str, session: ChatSession) -> dict[str, Any]:
+    state = engine.sessions.dialogue_state(session)
     return {
         "id": client_id(tenant, session.id),
         "object": "session",
         "title": session.title,
         "status": session.status.value,
-        "dialogue_state": state,
-        "handed_off": state == HANDED_OFF,
+        "dialogue_state": state.value if state is not None else None,
+        "handed_off": state == State.HANDED_OFF,
         "created_at": session.created_at.isoformat(),
         "updated_at": session.updated_at.isoformat(),
     }

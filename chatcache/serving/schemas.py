@@ -10,10 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from chatcache import CHOICE_NAMES, CallSyntax, Message, ToolCall, ToolChoice, check_tools, parse_calls
+
 from ..answer_cache import BoundStatus
-from ..model.prompt import Message
-from ..model.tools import CHOICE_NAMES, CallSyntax, ToolCall, ToolChoice, call_format, parse_calls
-from ..steering.tool_use import tool_of
 from ..reply_format import ReplyFormat, from_response_format
 from ..reply import Reply
 
@@ -212,7 +211,7 @@ class ChatCompletionRequest(Generation):
         if self.tools and self.response_format is not None and self.response_format.type != "text":
             raise ValueError("send tools or a response_format, not both: a reply is either a call or the formatted answer")
         if self.tools:  # a choice that names no tool, or a schema no call can be held to, is a 400 now
-            call_format([tool_of(spec) for spec in self.tool_specs()], self.choice(), self.parallel_tool_calls)
+            check_tools(self.tool_specs(), self.choice(), self.parallel_tool_calls)
         return self
 
     def tool_specs(self) -> list[dict[str, Any]]:

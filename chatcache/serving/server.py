@@ -11,16 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatcache import ChatModel, Embed, build_token_tier, load_chat_model, load_embedder, sentence_embed
 from chatcache.storage import SessionStore
 
 from ..answer_cache import AnswerCacheConfig
-from ..config import GenerationConfig, TokenTierConfig, default_data_dir
+from ..config import TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
-from ..model.loading import ChatModel, load_chat_model, load_embedder
-from ..model.prompt import Message
-from ..model_runner import build_token_tier
-from ..steering.hcac import Embed, sentence_embed
-from ..tiers.token_tier import Checkout
 from .admission import AdmissionControl, Overloaded
 from .errors import ApiError, api_error
 from .keys import ApiKeys, TokenBucket
@@ -130,36 +126,10 @@ def served_model_id(name: str) -> str:
 
 
 def warm_up(server: Server) -> None:
-    """One short off-the-record answer through the engine; then, for a server with a TTFT SLO,
-    decode steps of each of `WARM_UP_BATCHES` rows on the scheduler, so it has measured its
-    prefill rate and the step costs of those batch sizes before admission control judges the
-    first client against the SLO (without one it refuses on queue length only, and the
-    batches would only delay the start: 12 to 15 s on the bundled model). Each row starts from a
-    copy of the system prompt's KV, as a new session's first turn does: a step's cost grows
-    with the context it attends over, and rates measured on a few tokens of context made the
-    first turns of a burst wait twice their prediction. Nothing is left behind: the engine's
-    answer is sampled (the answer cache keeps no sampled reply), every KV is dropped, and a
-    batch grows only while the token tier's budget has room for another row."""
+    """Warm the model up through the first tenant's engine (`ChatEngine.warm_up`) before the
+    first client: for a server with a TTFT SLO with decode steps of each of `WARM_UP_BATCHES`
+    rows, so the scheduler has measured the step costs of those batch sizes before admission
+    control judges the first client against the SLO. Without an SLO admission refuses on queue
+    length only, and the batches would only delay the start (12 to 15 s on the bundled model)."""
     engine = server.tenants(sorted(server.keys.tenants)[0])
-    with engine.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0) as reply:
-        for _ in reply:
-            pass
-    token_tier = server.tenants.token_tier
-    token_tier.drop("warm-up")
-    if server.settings.ttft_slo is None:
-        return
-    scheduler, prefix = server.chat_model.scheduler, engine.system_ids
-    prompt = prefix + engine.renderer.encode_text("Hello, how can I help you today?")
-    for rows in WARM_UP_BATCHES:
-        # No end-of-reply ids: every row decodes until all have joined, so the batch reaches `rows`.
-        params = GenerationConfig(max_new_tokens=rows + 1)
-        reserve = len(prompt) + params.max_new_tokens
-        checkouts: list[Checkout] = []
-        while len(checkouts) < rows and (not checkouts or token_tier.fits(reserve)):
-            checkouts.append(token_tier.checkout(f"warm-up-{len(checkouts)}", prompt, prefix, reserve))
-        requests = [scheduler.submit(checkout.cache, prompt[checkout.reused :], params, set()) for checkout in checkouts]
-        for request in requests:
-            for _ in request:
-                pass
-        for index in range(len(checkouts)):
-            token_tier.release(f"warm-up-{index}")  # never checked in: nothing is kept
+    engine.warm_up(WARM_UP_BATCHES if server.settings.ttft_slo is not None else ())

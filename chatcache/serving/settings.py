@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from ..spill_keys import environment_keys, read_key_file
+from ..config import check_spill_keys
 from .keys import ApiKeys
 
 
@@ -97,10 +97,7 @@ class ServeSettings(BaseSettings):
     @model_validator(mode="after")
     def _spill_keys_usable(self) -> ServeSettings:
         """A short or missing spill key fails now, not once the model has loaded."""
-        if self.kv_key_file is not None:
-            read_key_file(self.kv_key_file)
-        else:
-            environment_keys()
+        check_spill_keys(self.kv_key_file)
         return self
 
     def keys(self) -> ApiKeys:

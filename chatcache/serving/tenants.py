@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from chatcache import TokenTier
 from chatcache.storage import SessionStore
 
 from ..engine import ChatEngine
 from ..errors import InvalidMessageError
-from ..tiers.token_tier import TokenTier
 
 CLIENT_ID_LENGTH = 90  # with the tenant prefix, within the session tier's 128 characters
 

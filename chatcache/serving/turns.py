@@ -11,9 +11,10 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from chatcache import CallSyntax
+
 from ..answer_cache import BoundStatus
 from ..engine import LeastCost
-from ..model.tools import CallSyntax
 from ..reply import AsyncReplyStream, Reply, ReplyStream
 from . import schemas
 from .admission import Overloaded, Ticket

@@ -18,7 +18,7 @@ import numpy as np
 from ..model.tools import Tool
 from .hcac import Embed
 
-ROUTE_THRESHOLD = 0.325  # tuned on the even dialogues of SGD dev (`chatcache eval tools`): 0.87 of due calls, 0.054 false on the odd ones
+TOOL_ROUTE_THRESHOLD = 0.325  # tuned on the even dialogues of SGD dev (`chatcache eval tools`): 0.87 of due calls, 0.054 false on the odd ones
 
 
 def tool_text(tool: Tool) -> str:
@@ -34,7 +34,7 @@ class ToolRouter:
         threshold: the cosine from which a question is taken to be about a tool.
     """
 
-    def __init__(self, embed: Embed, threshold: float = ROUTE_THRESHOLD) -> None:
+    def __init__(self, embed: Embed, threshold: float = TOOL_ROUTE_THRESHOLD) -> None:
         self.embed = embed
         self.threshold = threshold
 

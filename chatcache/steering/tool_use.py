@@ -64,6 +64,16 @@ def tool_of(spec: Mapping[str, Any]) -> Tool:
     return Tool(function["name"], str(function.get("description") or ""), parameters)
 
 
+def check_tools(specs: Sequence[Mapping[str, Any]], choice: ToolChoice, parallel: bool) -> None:
+    """Refuse tools no turn could bind, before one starts: a server answers a malformed spec or a
+    choice that names no bound tool with a 400 at validation, not once the turn is under way.
+
+    Raises:
+        ValueError: a malformed tool spec, no tools, or a choice that names no bound tool.
+    """
+    call_format([tool_of(spec) for spec in specs], choice, parallel)
+
+
 def bind_tools(
     messages: Sequence[Message],
     specs: Sequence[Mapping[str, Any]],

@@ -5,34 +5,32 @@ from __future__ import annotations
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from chatcache.steering.handoff import HANDED_OFF
-from chatcache.tiers.conversations import stored_dialogue
 from chatcache.storage import ChatSession
 
 AGENT_MARK = "[agent]"  # leads the label of a session a person has taken over: the handoff queue at a glance
 
 
-def session_label(session: ChatSession) -> str:
+def session_label(session: ChatSession, handed_off: bool) -> str:
     name = session.title or session.id
-    dialogue = stored_dialogue(session.id, session.state)
-    return f"{AGENT_MARK} {name}" if dialogue is not None and dialogue.state == HANDED_OFF else name
+    return f"{AGENT_MARK} {name}" if handed_off else name
 
 
 class SessionList(OptionList):
     """One option per session; the option id is the session id. Selecting one resumes it."""
 
-    def show(self, sessions: list[ChatSession], current: str, pending: bool) -> None:
+    def show(self, sessions: list[ChatSession], current: str, pending: bool, handed_off: set[str]) -> None:
         """List `sessions` in the given order; `current` is highlighted.
 
         Args:
             sessions: from the session tier, most recent first.
             current: the open session's id.
             pending: the open session has no message yet, so the session tier does not know it.
+            handed_off: the ids of the sessions a person has taken over (marked `AGENT_MARK`).
         """
         # "(new)" leads: a long label is cut at the end (see app.tcss), never wrapped onto a
         # second line that would read as another session.
         options = [Option(f"(new) {current}", id=current)] if pending else []
-        options += [Option(session_label(s), id=s.id) for s in sessions if not (pending and s.id == current)]
+        options += [Option(session_label(s, s.id in handed_off), id=s.id) for s in sessions if not (pending and s.id == current)]
         self.clear_options()
         self.add_options(options)
         ids = [option.id for option in options]
