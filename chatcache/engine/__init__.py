@@ -142,7 +142,13 @@ class ChatEngine:
             log.info("Intents: read by the model trained on this bot's examples (%s; held-out accuracy %s)", self.trained_intents.info.key, measured.get("accuracy"))
         elif self.bot is not None:
             log.info("Intents: read by nearest examples; `chatcache train %s` trains a model on them (more accurate, calibrated)", bot_name)
-        self.coordinator = self._build_coordinator(conversations, drift, promote_threshold, learned_drift=embedder == "bundled")
+        self.coordinator: ContextCoordinator | None = None  # a plain chatbot has nothing to steer
+        if drift or self.bot is not None:
+            assert self.embed is not None
+            drift_config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
+            if drift_config is not None and embedder != "bundled":
+                drift_config = replace(drift_config, model=None)  # the learned model reads the bundled embedder's vectors only
+            self.coordinator = ContextCoordinator(conversations, self.turn_tier, self.embed, self.bot, drift_config, promote_threshold, self.trained_intents)
         self.answer_cache: AnswerCache | None = None
         self.answers: CachedAnswers | None = None
         if answer_cache:
@@ -177,17 +183,6 @@ class ChatEngine:
     def call_syntax(self) -> CallSyntax:
         """How this model writes tool calls: its chat template's way, else Hermes' (`model/tools.py`)."""
         return self.given.call_syntax
-
-    def _build_coordinator(
-        self, conversations: Conversations, drift: bool | DriftConfig, promote_threshold: float, learned_drift: bool
-    ) -> ContextCoordinator | None:
-        if not drift and self.bot is None:
-            return None  # a plain chatbot: nothing to steer
-        assert self.embed is not None
-        config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
-        if config is not None and not learned_drift:
-            config = replace(config, model=None)  # the learned model reads the bundled embedder's vectors only
-        return ContextCoordinator(conversations, self.turn_tier, self.embed, self.bot, config, promote_threshold, self.trained_intents)
 
     # -- public API -------------------------------------------------------------------
 
@@ -225,7 +220,7 @@ class ChatEngine:
             ConfigError: a decoding setting that can never work (at once), such as a Lark
                 grammar for a remote model.
         """
-        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty, reply_format)
+        params = GenerationConfig(max_new_tokens, temperature, top_p, _stops(stop), seed, repetition_penalty, reply_format)
         if isinstance(self.runner, RemoteRunner):
             self.runner.check(params)
         if not isinstance(text, str) or not text.strip():
@@ -296,7 +291,7 @@ class ChatEngine:
             ConfigError: a malformed tool, a choice that names no bound tool, tools with a
                 reply format, or a format a remote model cannot hold a reply to.
         """
-        params = _generation(max_new_tokens, temperature, top_p, stop, seed, repetition_penalty, reply_format)
+        params = GenerationConfig(max_new_tokens, temperature, top_p, _stops(stop), seed, repetition_penalty, reply_format)
         conversation, turn = self.given.turn(messages, kv_key, params, admit, tools, tool_choice, parallel_tool_calls, tool_route_threshold)
         if isinstance(self.runner, RemoteRunner):
             self.runner.check(turn.params)
@@ -359,21 +354,5 @@ class ChatEngine:
         return self.answer_cache.bound_status()
 
 
-def _generation(
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    stop: str | Sequence[str] | None,
-    seed: int | None,
-    repetition_penalty: float,
-    reply_format: ReplyFormat | None,
-) -> GenerationConfig:
-    return GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        stop=tuple([stop] if isinstance(stop, str) else stop or ()),
-        seed=seed,
-        repetition_penalty=repetition_penalty,
-        reply_format=reply_format,
-    )
+def _stops(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    return tuple([stop] if isinstance(stop, str) else stop or ())
