@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import os
-import random
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -57,28 +56,3 @@ def read_labelled(path: Path) -> dict[str, list[str]]:
                 seen.add((text, label))
                 by_label[label].append(text)
     return dict(by_label)
-
-
-def stratified_split(by_label: dict[str, list[str]], share: float, seed: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Each label's texts split into (kept, held out), both in the texts' order.
-
-    Stratified: every label holds out `share` of its texts (rounded, at least one, and never
-    all of them, so that every label keeps one; a label with a single text holds none out).
-    Deterministic: which texts are held out depends only on the seed and the label, not on the
-    other labels or the Python version (`random.Random` seeded with a string is stable). The
-    evaluations hold test rows out this way, and training holds out its calibration examples.
-
-    Raises:
-        ValueError: `share` is not strictly between 0 and 1.
-    """
-    if not 0.0 < share < 1.0:
-        raise ValueError(f"the held-out share must be between 0 and 1, got {share}")
-    kept: dict[str, list[str]] = {}
-    held: dict[str, list[str]] = {}
-    for label in sorted(by_label):
-        texts = by_label[label]
-        count = min(max(round(share * len(texts)), 1), len(texts) - 1)
-        chosen = set(random.Random(f"{seed}/{label}").sample(range(len(texts)), count))
-        kept[label] = [text for i, text in enumerate(texts) if i not in chosen]
-        held[label] = [text for i, text in enumerate(texts) if i in chosen]
-    return kept, held

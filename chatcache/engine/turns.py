@@ -267,7 +267,7 @@ class TurnPipeline:
             if held:
                 tier.release(turn.session_id)
             if not turn.given:
-                self.sessions.conversations.withdraw_user(conversation, turn.user_seq, turn.user_seq - 1, turn.created_session)
+                self.sessions.conversations.withdraw_user(conversation, turn.user_seq, turn.created_session)
             raise
 
     def _cached(self, turn: Turn) -> CacheHit | None:

@@ -17,12 +17,13 @@ This module only reads and splits; it embeds and classifies nothing.
 from __future__ import annotations
 
 import json
+import random
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from chatcache.dialog import OUT_OF_SCOPE
-from chatcache.dialog.training import read_labelled, stratified_split
+from chatcache.dialog.training import read_labelled
 
 Row = tuple[str, str]
 """One labelled query: (text, label); the label is OUT_OF_SCOPE for a query no intent fits."""
@@ -123,8 +124,12 @@ def out_of_scope_rows(path: Path, in_scope_domains: set[str]) -> list[Row]:
 
 
 def held_out_split(by_label: dict[str, list[str]], share: float, seed: int) -> tuple[dict[str, list[str]], list[Row]]:
-    """Split each label's texts into training texts and held-out test rows (`stratified_split`:
-    `share` of every label, at least one, never all, chosen by the seed and the label alone).
+    """Split each label's texts into training texts and held-out test rows.
+
+    Stratified: every label keeps `share` of its texts for testing (rounded, at least one, and
+    never all of them, so that every intent still has an example). Deterministic: which texts
+    are held out depends only on the seed and the label, not on the other labels or the
+    Python version (`random.Random` seeded with a string is stable).
 
     Returns:
         The training texts by label (in file order, so "the first N" means what it means for a
@@ -133,8 +138,17 @@ def held_out_split(by_label: dict[str, list[str]], share: float, seed: int) -> t
     Raises:
         ValueError: `share` is not strictly between 0 and 1.
     """
-    train, held = stratified_split(by_label, share, seed)
-    return train, [(text, label) for label, texts in held.items() for text in texts]
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"the held-out share must be between 0 and 1, got {share}")
+    train: dict[str, list[str]] = {}
+    test: list[Row] = []
+    for label in sorted(by_label):
+        texts = by_label[label]
+        count = min(max(round(share * len(texts)), 1), len(texts) - 1)
+        held = set(random.Random(f"{seed}/{label}").sample(range(len(texts)), count))
+        train[label] = [text for i, text in enumerate(texts) if i not in held]
+        test += [(texts[i], label) for i in sorted(held)]
+    return train, test
 
 
 def _csv_rows(path: Path) -> list[Row]:

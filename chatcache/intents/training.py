@@ -59,8 +59,8 @@ def split_for_calibration(
     """Each label's examples split into (training, calibration); a label keeps at least one
     example to train on, and gives at least one to calibration when it has two or more.
 
-    Not `dialog.training.stratified_split`, which holds out the evaluations' test rows by the
-    same rule with other draws: which examples calibrate changes the model, and the bank bot's
+    Not `evals.intent_data.held_out_split`, which holds out the evaluations' test rows by the
+    same rule with other draws (the package does not import its evaluations): which examples calibrate changes the model, and the bank bot's
     stories turned out to depend on these draws (trained on the other ones, it failed one or two
     of its 40: bench/README.md, "Trained intents"). Kept until the bot's examples make its
     stories pass whatever the draw.

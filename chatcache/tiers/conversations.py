@@ -281,11 +281,11 @@ class Conversations:
         conversation.last_seq, conversation.created_empty = message.seq, False
         return message.seq
 
-    def withdraw_user(self, conversation: Conversation, seq: int, previous_seq: int, created: bool) -> None:
-        """Take back the user's message `seq` a refused turn recorded: the session is as it was
-        before (`previous_seq` its last message, `created` if this turn created it)."""
+    def withdraw_user(self, conversation: Conversation, seq: int, created: bool) -> None:
+        """Take back the user's message `seq`, the session's last, that a refused turn recorded:
+        the session is as it was before (`created` if this turn created it)."""
         self.store.withdraw_message(conversation.id, seq, lease=conversation.lease)
-        conversation.last_seq, conversation.created_empty = previous_seq, created
+        conversation.last_seq, conversation.created_empty = seq - 1, created  # a message's seq is its predecessor's plus one
 
     def discard_if_created_empty(self, conversation: Conversation) -> None:
         """Delete the session again if this turn created it and recorded nothing (refused, or
