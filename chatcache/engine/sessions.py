@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from chatcache.dialog import DialogueEvent, DialogueState, DialogueStateMachine, EventType, State
-from chatcache.storage import ChatSession, SessionStore
+from chatcache.storage import ChatSession, Fact, SessionStore
 from chatcache.storage import Message as StoredMessage
 
 from ..errors import InvalidMessageError
@@ -94,21 +94,20 @@ class Sessions:
         """Whether a stored session belongs to this user and bot."""
         return (session.user_id, session.bot) == (self.conversations.user_id, self.conversations.bot)
 
-    def dialogue_state(self, session: ChatSession) -> State | None:
+    @staticmethod
+    def dialogue_state(session: ChatSession) -> State | None:
         """The dialogue state a stored session is in (HANDED_OFF: a person answers it); None for
         one without (a plain chatbot's, or an unreadable record). Read from the record as given,
-        so a list of sessions costs no further database reads."""
+        so a list of sessions costs no further database reads, and no engine is needed for it."""
         dialogue = stored_dialogue(session.id, session.state)
         return dialogue.state if dialogue is not None else None
 
-    def handoff_summary(self, session_id: str) -> str:
-        """What a person taking the session over reads first: the intents recognised, the facts
-        confirmed and the customer's last messages, as stored (`steering/handoff.py`).
-
-        Raises:
-            UnknownSessionError: no such session.
-        """
-        return handoff_summary(self.store.messages(session_id), self.store.facts(session_id))
+    @staticmethod
+    def handoff_summary(messages: list[StoredMessage], facts: list[Fact]) -> str:
+        """What a person taking a session over reads first, from its stored messages and facts
+        (the caller has read them): the intents recognised, the facts confirmed and the
+        customer's last messages (`steering/handoff.py`)."""
+        return handoff_summary(messages, facts)
 
     def in_memory(self, session_id: str) -> bool:
         """Whether this process holds the session in memory (then it exists); never reads the database."""

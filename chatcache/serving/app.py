@@ -28,7 +28,7 @@ from chatcache import ChatModel, Embed
 from chatcache.dialog import State
 from chatcache.storage import ChatSession, StorageError
 
-from ..engine import ChatEngine, conversation_key
+from ..engine import ChatEngine, Sessions, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
 from ..reply import ReplyStream
 from . import schemas
@@ -171,7 +171,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
 
         def create() -> dict[str, Any]:
             engine = s.tenants(tenant)
-            return _session_summary(engine, tenant, engine.sessions.create(_stored(tenant, wanted), body.title if body else None))
+            return _session_summary(tenant, engine.sessions.create(_stored(tenant, wanted), body.title if body else None))
 
         return await asyncio.to_thread(_guarded, create)
 
@@ -181,7 +181,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         tenant = s.authenticate(authorization)
         engine = s.tenants(tenant)
         sessions = await asyncio.to_thread(_guarded, engine.sessions.all)
-        rows = [_session_summary(engine, tenant, session) for session in sessions]
+        rows = [_session_summary(tenant, session) for session in sessions]
         if handed_off is not None:
             rows = [row for row in rows if row["handed_off"] == handed_off]
         return {"object": "list", "data": rows}
@@ -194,12 +194,11 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         stored = _stored(tenant, session_id)
 
         def read() -> dict[str, Any]:
-            engine = s.tenants(tenant)
-            summary = _session_summary(engine, tenant, engine.sessions.get(stored))
+            summary = _session_summary(tenant, store.get_session(stored))
             messages, facts = store.messages(stored), store.facts(stored)
             return {
                 **summary,
-                "handoff_summary": engine.sessions.handoff_summary(stored) if summary["handed_off"] else None,
+                "handoff_summary": Sessions.handoff_summary(messages, facts) if summary["handed_off"] else None,
                 "messages": [_message(m) for m in messages],
                 "facts": [{"kind": f.kind.value, "name": f.name, "value": f.value, "confidence": f.confidence} for f in facts],
             }
@@ -248,7 +247,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         """The person hands the session back to the bot."""
         def back(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
             engine.sessions.hand_back(stored)
-            return _session_summary(engine, tenant, engine.sessions.get(stored))
+            return _session_summary(tenant, engine.sessions.get(stored))
 
         return await on_session(authorization, session_id, back)
 
@@ -256,7 +255,7 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
         def end(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
             engine.sessions.end(stored)
-            return _session_summary(engine, tenant, engine.sessions.get(stored))
+            return _session_summary(tenant, engine.sessions.get(stored))
 
         return await on_session(authorization, session_id, end)
 
@@ -297,8 +296,8 @@ def _guarded(call: Callable[[], Any]) -> Any:
         raise api_error(error) from None
 
 
-def _session_summary(engine: ChatEngine, tenant: str, session: ChatSession) -> dict[str, Any]:
-    state = engine.sessions.dialogue_state(session)
+def _session_summary(tenant: str, session: ChatSession) -> dict[str, Any]:
+    state = Sessions.dialogue_state(session)
     return {
         "id": client_id(tenant, session.id),
         "object": "session",
