@@ -23,12 +23,14 @@ import time
 
 import numpy as np
 
+from chatcache.config import MemoryConfig
+from chatcache.engine.memory import ResidentSessions
 from chatcache.tiers.conversations import Conversations
 from chatcache.steering.drift import DriftConfig
 from chatcache.steering.hcac import ContextCoordinator, sentence_embed
 from chatcache.model.loading import load_embedder
 from chatcache.model.prompt import Message
-from chatcache.tiers.turn_tier import TurnTier
+from chatcache.tiers.turn_tier import TurnTierConfig
 from chatcache.dialog import load_bot
 from chatcache.storage import SessionStore
 
@@ -67,7 +69,13 @@ def main() -> None:
     texts += [e for intent in bot.intents for e in intent.examples] + list(SEED_TURN)
     vectors = dict(zip(texts, model_embed(texts)))
 
+    embedded_during_turns = []  # texts only a turn makes (a follow-up re-read after its previous message)
+
     def precomputed(batch: list[str]) -> np.ndarray:
+        missing = [text for text in batch if text not in vectors]
+        if missing:
+            embedded_during_turns.extend(missing)
+            vectors.update(zip(missing, model_embed(missing)))
         return np.stack([vectors[text] for text in batch])
 
     embed_ms = []
@@ -83,29 +91,30 @@ def main() -> None:
         seed_sessions(store, args.sessions)
         run.section("seeding_s", time.perf_counter() - seeding_started)
         conversations = Conversations(store, "customer_service", "bench", bot.system_prompt)
-        coordinator = ContextCoordinator(
-            conversations, TurnTier(), precomputed, bot, DriftConfig()
-        )
+        coordinator = ContextCoordinator(conversations, precomputed, bot, DriftConfig())
+        resident = ResidentSessions(MemoryConfig(), conversations, TurnTierConfig(), None, store.expire_sessions)
         rng = random.Random(0)
         turn_ms = []
         for index, (text, reply) in enumerate(exchanges):
             session_id = f"live-{index // 10}" if rng.random() < 0.8 else f"seed-{rng.randrange(args.sessions)}"
             started = time.perf_counter()
-            conversation = conversations.open(session_id, create=True)
-            with conversations.turn(conversation):
+            with resident.hold(session_id, create=True) as memory, conversations.turn(memory.conversation):
+                conversation = memory.conversation
                 user_seq = conversations.record_user(conversation, text, len(text.split()))
                 turn_id = f"{session_id}:{user_seq}"
-                context = coordinator.before_reply(conversation, text, turn_id)
-                user = Message("user", text)
-                conversations.record_reply(conversation, user, user_seq, Message("assistant", reply), {"tier": "bench"})
+                context = coordinator.before_reply(memory, text, turn_id)
                 coordinator.after_reply(conversation, context, turn_id)
+                conversations.commit(conversation, Message("user", text), user_seq, Message("assistant", reply), {"tier": "bench"})
             turn_ms.append((time.perf_counter() - started) * 1000)
         sessions_in_db = store.count_sessions()
         store.close()
 
     p50 = percentile(turn_ms, 50)
     run.section("per_turn_ms", {"p50": p50, "p95": percentile(turn_ms, 95), "p99": percentile(turn_ms, 99)})
-    run.finish(sessions_in_db=sessions_in_db, turns=len(turn_ms), target_p50_ms=10.0, meets_target=p50 <= 10.0)
+    run.finish(
+        sessions_in_db=sessions_in_db, turns=len(turn_ms), texts_embedded_during_turns=len(embedded_during_turns),
+        target_p50_ms=10.0, meets_target=p50 <= 10.0,
+    )  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .steering.hcac import Embed, sentence_embed
     from .steering.tool_router import TOOL_ROUTE_THRESHOLD
     from .steering.tool_use import check_tools
-    from .tiers.residency import MemoryConfig
+    from .config import MemoryConfig
     from .tiers.token_tier import TokenTier, TokenTierStats
     from .tiers.turn_tier import TurnTierConfig
 
@@ -68,7 +68,7 @@ _EXPORTS = {
     "GenerationConfig": ".config",
     "InvalidIdError": ".errors",
     "InvalidMessageError": ".errors",
-    "MemoryConfig": ".tiers.residency",
+    "MemoryConfig": ".config",
     "Message": ".model.prompt",
     "ModelNotFoundError": ".errors",
     "RemoteModel": ".model.remote",

@@ -133,3 +133,39 @@ def _is_int(value: object) -> bool:
 def _is_finite(value: object) -> bool:
     """A real number, not a bool, and neither NaN nor infinite."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """How much per-session state the engine keeps in memory.
+
+    Attributes:
+        max_sessions_in_memory: sessions kept at once; the least recently used beyond it go.
+        idle_seconds: a session unused this long goes.
+        sweep_every_s: how often idle sessions are looked for (the count is kept on every open).
+        expire_every_s: how often the session tier expires sessions past their TTL.
+        abandon_stream_after_s: a reply stream from which no piece was taken this long is closed
+            for its reader, who went away (`chatcache/abandoned_streams.py`): the turn keeps
+            what was generated, and its session is free for other threads and processes again.
+            A minute is far longer than any live reader pauses between pieces (a UI renders one
+            in milliseconds, a slow client's socket buffers seconds), and half the time a turn
+            in another process waits for the session before giving up (the lease wait, 120 s),
+            so a turn queued behind an abandoned one gets in instead of failing. A reader that
+            pauses longer on purpose (a tool run between pieces) needs a larger value.
+    """
+
+    max_sessions_in_memory: int = 1000
+    idle_seconds: float = 1800.0
+    sweep_every_s: float = 30.0
+    expire_every_s: float = 300.0
+    abandon_stream_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_sessions_in_memory < 1:
+            raise ConfigError(f"max_sessions_in_memory must be at least 1, got {self.max_sessions_in_memory}")
+        if self.idle_seconds <= 0:
+            raise ConfigError(f"idle_seconds must be positive, got {self.idle_seconds}")
+        if self.sweep_every_s < 0 or self.expire_every_s < 0:
+            raise ConfigError("sweep_every_s and expire_every_s must be >= 0")
+        if not self.abandon_stream_after_s > 0:  # also refuses NaN
+            raise ConfigError(f"abandon_stream_after_s must be positive, got {self.abandon_stream_after_s}")

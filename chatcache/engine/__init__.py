@@ -20,7 +20,7 @@ from chatcache.storage import SessionStore
 
 from ..answer_cache import AnswerCache, AnswerCacheConfig, BoundStatus, Scope, bot_fingerprint
 from ..answer_cache.answering import CachedAnswers
-from ..config import GenerationConfig, TokenTierConfig, default_data_dir
+from ..config import GenerationConfig, MemoryConfig, TokenTierConfig, default_data_dir
 from ..errors import ConfigError, InvalidMessageError
 from ..intents.trained import load_trained
 from ..model.loading import ChatModel, load_chat_model, load_embedder
@@ -34,9 +34,8 @@ from ..steering.drift import DriftConfig
 from ..steering.hcac import ContextCoordinator, Embed, sentence_embed
 from ..steering.tool_router import TOOL_ROUTE_THRESHOLD
 from ..tiers.conversations import Conversations, check_storable
-from ..tiers.residency import MemoryConfig
 from ..tiers.token_tier import TokenTier, TokenTierStats
-from ..tiers.turn_tier import TurnTier, TurnTierConfig
+from ..tiers.turn_tier import TurnTierConfig
 from ..worker_threads import close_at_exit
 from .admission import AdmissionEstimates, LeastCost
 from .given import GivenConversations, conversation_key
@@ -74,7 +73,7 @@ class ChatEngine:
         embedder: the sentence embedder for intents and drift: "bundled", a model id, a path, or a
             function from texts to unit-normalised rows.
         promote_threshold: intent confidence above which a turn's intent and slots become facts.
-        turn_tier: TTL and bounds of the in-process turn tier.
+        turn_tier: TTL and bound of each session's entries in the in-process turn tier.
         tenant: answers are never shared across tenants.
         prefetch: with the answer cache, answer the likely next question in the background
             while idle (ACPC), learned from the conversations in the session tier (local models only).
@@ -130,7 +129,6 @@ class ChatEngine:
         self.store = store if isinstance(store, SessionStore) else SessionStore(store) if store else SessionStore.open(default_data_dir())
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
         conversations = Conversations(self.store, bot_name, user_id, self.system_prompt, vocab_size=self.chat_model.vocab_size)
-        self.turn_tier = TurnTier(turn_tier)
         needs_embedder = bool(drift) or self.bot is not None or bool(answer_cache)
         self.embed: Embed | None = None  # the sentence embedder for intents, drift and the answer cache, if they need one
         if needs_embedder:
@@ -148,7 +146,7 @@ class ChatEngine:
             drift_config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
             if drift_config is not None and embedder != "bundled":
                 drift_config = replace(drift_config, model=None)  # the learned model reads the bundled embedder's vectors only
-            self.coordinator = ContextCoordinator(conversations, self.turn_tier, self.embed, self.bot, drift_config, promote_threshold, self.trained_intents)
+            self.coordinator = ContextCoordinator(conversations, self.embed, self.bot, drift_config, promote_threshold, self.trained_intents)
         self.answer_cache: AnswerCache | None = None
         self.answers: CachedAnswers | None = None
         if answer_cache:
@@ -159,20 +157,14 @@ class ChatEngine:
             bot_texts = [self.system_prompt or "", *(self.bot.wording if self.bot else [])]
             self.answers = CachedAnswers(self.answer_cache, scope, self.runner, user_id, bot_texts=bot_texts)
         count_tokens = lambda text: len(self.renderer.encode_text(text))  # noqa: E731
-        self.sessions = Sessions(self.store, conversations, self.token_tier, self.turn_tier, self.coordinator, count_tokens, memory or MemoryConfig())
+        self.sessions = Sessions(self.store, conversations, self.token_tier, turn_tier or TurnTierConfig(), count_tokens, memory or MemoryConfig())
         self.turns = TurnPipeline(
             renderer=self.renderer, context_window=self.context_window, system_ids=system_ids, system_prompt=self.system_prompt,
-            sessions=self.sessions, runner=self.runner, token_tier=self.token_tier, turn_tier=self.turn_tier,
-            coordinator=self.coordinator, answers=self.answers, actions=self.actions, tenant=tenant, prefetch=prefetch,
+            sessions=self.sessions, runner=self.runner, token_tier=self.token_tier, coordinator=self.coordinator, answers=self.answers, actions=self.actions, tenant=tenant, prefetch=prefetch,
         )  # fmt: skip
         self.given = GivenConversations(self.renderer, self.system_prompt, self.turns.reply_ids, self.embed)
         self.admission = AdmissionEstimates(self.renderer, system_ids, self.token_tier, self.bot, self.answers, self.sessions, self.given)
         close_at_exit(self)  # a script that never closes its engine still spills its KV and closes its database
-
-    @property
-    def conversations(self) -> Conversations:
-        """The in-memory copies of the sessions' conversations (`Sessions` owns them)."""
-        return self.sessions.conversations
 
     @property
     def system_ids(self) -> list[int]:

@@ -92,15 +92,15 @@ class AdmissionEstimates:
                 return True  # the turn itself says what is wrong with it
             return answers.holds_exact(given, question, bot, formats)
         assert session_id is not None
-        conversation = self._sessions.conversations.loaded(session_id)
-        if conversation is None:
+        memory = self._sessions.loaded(session_id)
+        if memory is None:
             return False  # reading its scope would take the database; and "some scope holds it" must not leak
-        if not conversation.lock.acquire(blocking=False):
+        if not memory.lock.acquire(blocking=False):
             return True  # a turn runs on it: this one waits behind it anyway
         try:
-            return answers.holds_exact(conversation, text, reply_formats=formats)
+            return answers.holds_exact(memory.conversation, text, reply_formats=formats)
         finally:
-            conversation.lock.release()
+            memory.lock.release()
 
     def least_cost(self, text: str, kv_key: str, max_new_tokens: int) -> LeastCost:
         """The least a turn on `text` will cost the model, for the conversation whose KV the token

@@ -1,17 +1,17 @@
 """A user's sessions with one bot, as the apps and the server see them, and what each holds in memory.
 
 The session tier stores a session (its messages, facts and dialogue state); in memory a
-session also has its conversation copy, its drift topic and turn-tier entries, and its KV in
-the token tier. `Sessions` is the one way in and out for all of it: a turn opens a session
-here (which counts towards the residency bound), and a session that ends, expires or idles
-past the bound is let go of here, everywhere at once. A person answering a handed-off
+session is one `SessionMemory` (its conversation copy, drift topic and turn-tier entries) and
+its KV in the token tier. `Sessions` is the one way in and out for all of it: a turn opens a
+session here (`ResidentSessions`, which applies the memory bound), and a session that ends,
+expires or idles past the bound is let go of here, as one. A person answering a handed-off
 session (`agent_reply`, `hand_back`) goes through here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from chatcache.dialog import DialogueEvent, DialogueState, DialogueStateMachine, EventType, State
 from chatcache.storage import ChatSession, Fact, SessionStore
@@ -19,12 +19,13 @@ from chatcache.storage import Message as StoredMessage
 
 from ..errors import InvalidMessageError
 from ..model.prompt import Message
+from ..config import MemoryConfig
 from ..steering.handoff import handoff_summary
-from ..steering.hcac import ContextCoordinator
+from ..steering.session_memory import SessionMemory
 from ..tiers.conversations import Conversation, Conversations, check_storable, stored_dialogue
-from ..tiers.residency import MemoryConfig, ResidentSessions
 from ..tiers.token_tier import TokenTier
-from ..tiers.turn_tier import TurnTier
+from ..tiers.turn_tier import TurnTierConfig
+from .memory import ResidentSessions
 
 
 class Sessions:
@@ -32,11 +33,9 @@ class Sessions:
 
     Args:
         store: the session tier.
-        conversations: the in-memory copies of the sessions' conversations.
+        conversations: loads and records the sessions' conversations.
         token_tier: the sessions' KV; None on a remote model, whose KV is its server's.
-        turn_tier: the sessions' turn-tier entries.
-        coordinator: the dialogue layer and drift detection, which keep a topic per session;
-            None for a plain chatbot.
+        turn_tier: the settings of each session's turn-tier entries.
         count_tokens: the model's token count of a text (an agent's reply is stored with it).
         memory: how many sessions, idle for how long, keep their state in memory.
     """
@@ -46,18 +45,15 @@ class Sessions:
         store: SessionStore,
         conversations: Conversations,
         token_tier: TokenTier | None,
-        turn_tier: TurnTier,
-        coordinator: ContextCoordinator | None,
+        turn_tier: TurnTierConfig,
         count_tokens: Callable[[str], int],
         memory: MemoryConfig,
     ) -> None:
         self.store = store
         self.conversations = conversations
         self._token_tier = token_tier
-        self._turn_tier = turn_tier
-        self._coordinator = coordinator
         self._count_tokens = count_tokens
-        self.resident = ResidentSessions(memory, self._unload, self.expire)
+        self.resident = ResidentSessions(memory, conversations, turn_tier, token_tier, self.expire)
 
     # -- what the apps and the server ask --------------------------------------------
 
@@ -111,7 +107,7 @@ class Sessions:
 
     def in_memory(self, session_id: str) -> bool:
         """Whether this process holds the session in memory (then it exists); never reads the database."""
-        return self.conversations.loaded(session_id) is not None
+        return self.resident.loaded(session_id) is not None
 
     def rename(self, session_id: str, title: str | None) -> ChatSession:
         """Set (or with None clear) the session's display title.
@@ -162,7 +158,8 @@ class Sessions:
         its context (the terminal app's "clear caches")."""
         if self._token_tier is not None:  # a remote model's KV is its server's
             self._token_tier.clear()
-        self._turn_tier.clear()
+        for memory in self.resident.sessions():
+            memory.entries.clear()
 
     def expire(self) -> list[str]:
         """Expire idle sessions in the session tier and let go of what they held; also drop
@@ -170,7 +167,8 @@ class Sessions:
         expired = self.store.expire_sessions()
         for session_id in expired:
             self.release(session_id)
-        self._turn_tier.purge_expired()
+        for memory in self.resident.sessions():
+            memory.entries.purge_expired()
         return expired
 
     # -- a person's side of a handed-off session ---------------------------------------
@@ -185,7 +183,8 @@ class Sessions:
         if not text.strip():
             raise InvalidMessageError("The reply is empty.")
         check_storable(text, "The agent's reply")
-        with self.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
+        with self.hold(session_id, create=False) as memory, self.conversations.turn(memory.conversation):
+            conversation = memory.conversation
             _handed_off(conversation)
             messages = self.store.messages(session_id)
             answered = {m.reply_to for m in messages if m.role.value == "assistant"}
@@ -195,7 +194,7 @@ class Sessions:
                 session_id, "assistant", text, self._count_tokens(text), meta,
                 reply_to=waiting[-1] if waiting else None, lease=conversation.lease,
             )  # fmt: skip
-            self.conversations.forget(session_id)  # rebuilt with the person's turn on the next one
+            self.resident.forget(session_id)  # rebuilt with the person's turn on the next one
 
     def hand_back(self, session_id: str) -> None:
         """A person hands a session back to the bot: the dialogue starts over, the history stays.
@@ -204,62 +203,44 @@ class Sessions:
             UnknownSessionError: no such session.
             InvalidMessageError: the session is not handed off.
         """
-        with self.hold(session_id, create=False) as conversation, self.conversations.turn(conversation):
+        with self.hold(session_id, create=False) as memory, self.conversations.turn(memory.conversation):
+            conversation = memory.conversation
             machine = DialogueStateMachine.restore(_handed_off(conversation))
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{session_id}:{conversation.last_seq}:hand-back"))
             conversation.dialogue = machine.snapshot()
             self.conversations.store_state(conversation)
-            self.conversations.forget(session_id)
-            self.release_topic(session_id)
+            self.resident.forget(session_id)  # its topic and entries were the flow's
 
     # -- what a turn holds -------------------------------------------------------------
 
-    @contextmanager
-    def hold(self, session_id: str, create: bool) -> Iterator[Conversation]:
-        """The session's conversation with its lock held (`Conversations.hold`), counted as in
-        use now by the residency bound.
+    def hold(self, session_id: str, create: bool) -> AbstractContextManager[SessionMemory]:
+        """The session's memory with its lock held (`ResidentSessions.hold`), counted as used now.
 
         Raises:
             UnknownSessionError: `create` is false and the session does not exist.
         """
-        self.resident.touch(session_id)
-        with self.conversations.hold(session_id, create) as conversation:
-            yield conversation
+        return self.resident.hold(session_id, create)
 
-    def open(self, session_id: str, create: bool) -> Conversation:
-        """The session's conversation without its lock (a background reader takes it itself).
+    def open(self, session_id: str, create: bool) -> SessionMemory:
+        """The session's memory without its lock (a background reader takes it itself).
 
         Raises:
             UnknownSessionError: `create` is false and the session does not exist.
         """
-        self.resident.touch(session_id)
-        return self.conversations.open(session_id, create)
+        return self.resident.open(session_id, create)
 
-    def release_topic(self, session_id: str) -> None:
-        """Forget the session's drift topic and turn-tier entries: derived from turns that are
-        no longer the stored ones (another process answered since, or this turn failed)."""
-        if self._coordinator is not None:
-            self._coordinator.release(session_id)
-        else:
-            self._turn_tier.invalidate(session_id)
+    def loaded(self, session_id: str) -> SessionMemory | None:
+        """The session's memory if this process holds it; never reads the database."""
+        return self.resident.loaded(session_id)
+
+    def forget(self, session_id: str) -> None:
+        """Drop the session's memory: what a turn changed there was never stored (it failed or
+        was refused), so the next turn rebuilds it from the session tier."""
+        self.resident.forget(session_id)
 
     def release(self, session_id: str) -> None:
         """Free what a session holds in memory and on disk (it ended, expired or was deleted)."""
-        self.conversations.forget(session_id)
-        if self._token_tier is not None:
-            self._token_tier.drop(session_id)
-        self.release_topic(session_id)
-        self.resident.forget(session_id)
-
-    def _unload(self, session_id: str) -> bool:
-        """Let go of an idle session's memory (its KV goes to disk); False while a turn holds it."""
-
-        def release() -> None:
-            if self._token_tier is not None:
-                self._token_tier.unload(session_id)
-            self.release_topic(session_id)
-
-        return self.conversations.unload(session_id, release)
+        self.resident.release(session_id)
 
 
 def _handed_off(conversation: Conversation) -> DialogueState:

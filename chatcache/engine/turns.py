@@ -38,10 +38,9 @@ from ..model.text_stream import token_pieces
 from ..model_runner import ModelRunner
 from ..reply import Reply, TurnStats
 from ..steering.hcac import ContextCoordinator, TurnContext
+from ..steering.session_memory import SessionMemory
 from ..tiers.conversations import Conversation
-from ..tiers.residency import KeyLocks
 from ..tiers.token_tier import TokenTier
-from ..tiers.turn_tier import TurnTier
 from .sessions import Sessions
 
 Admit = Callable[[int, bool, float], None]
@@ -104,7 +103,6 @@ class TurnPipeline:
         sessions: Sessions,
         runner: ModelRunner | RemoteRunner,
         token_tier: TokenTier | None,
-        turn_tier: TurnTier,
         coordinator: ContextCoordinator | None,
         answers: CachedAnswers | None,
         actions: Actions | None,
@@ -120,13 +118,11 @@ class TurnPipeline:
         self.sessions = sessions
         self.runner = runner
         self.token_tier = token_tier
-        self.turn_tier = turn_tier
         self.coordinator = coordinator
         self.answers = answers
         self.actions = actions
         self.tenant = tenant
         self.reply_ids = ReplyIds()  # our replies as `complete` callers send them back
-        self._key_locks = KeyLocks()  # one given turn at a time per token-tier key
         self._running = 0  # user turns running now: prefetch waits for none
         self._running_lock = threading.Lock()
         self.prefetcher = answers.prefetcher(sessions.store, self.prefetch, lambda: self.busy) if prefetch and answers else None
@@ -154,36 +150,35 @@ class TurnPipeline:
         # Checked before the session is opened, so an oversized first message creates nothing; a
         # new session's system message is the bot's prompt alone (it has no facts yet).
         self.check_fits(self._bare_system, turn.user, params.max_new_tokens)
-        with self.sessions.hold(session_id, create=True) as conversation, self.sessions.conversations.turn(conversation) as rebuilt:
+        with self.sessions.hold(session_id, create=True) as memory, self.sessions.conversations.turn(memory.conversation) as rebuilt:
+            conversation = memory.conversation
             if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
-                self.sessions.release_topic(session_id)
+                memory.forget_topic()
             try:
                 if conversation.system != self._bare_system:  # the session's facts lengthen the system message
                     self.check_fits(conversation.system, turn.user, params.max_new_tokens)
                 turn.created_session = conversation.created_empty
                 turn.user_seq = self.sessions.conversations.record_user(conversation, text, len(self.renderer.encode_text(text)))
-                understood = self.understand(conversation, turn)
+                understood = self.understand(conversation, turn, memory)
                 turn.context, turn.scope = understood.context, understood.scope
                 try:
                     yield from self.serve(conversation, turn)
                 except GeneratorExit:
                     pass  # the reader stopped: the model's reply keeps what was generated
                 if turn.reply is not None:
-                    self.commit(conversation, turn)
+                    self.commit(memory, turn)
             finally:
                 if not turn.committed:  # what the turn changed in memory was never stored
-                    self.sessions.conversations.forget(session_id)
-                    self.sessions.release_topic(session_id)  # the drift topic resumes from the stored turns
+                    self.sessions.forget(session_id)  # rebuilt from the record, its drift topic from the stored turns
                     self.sessions.conversations.discard_if_created_empty(conversation)
             if turn.committed or (turn.context.awaiting_agent and turn.user_seq == conversation.last_seq):
                 holder.append(self.reply_of(turn))
 
     def run_given(self, conversation: Conversation, turn: Turn, holder: list[Reply]) -> Generator[str, None, None]:
         """A turn on a conversation the caller keeps: understand and serve, with nothing to record."""
-        self.sessions.resident.touch(turn.session_id)  # its KV and heat are let go of like an idle session's
-        with self._key_locks.get(turn.session_id):
+        with self.sessions.resident.hold_kv(turn.session_id):  # one turn at a time on the key's KV
             turn.user_seq = conversation.last_seq + 1
-            understood = self.understand(conversation, turn)
+            understood = self.understand(conversation, turn, None)
             turn.context, turn.scope = understood.context, understood.scope
             try:
                 yield from self.serve(conversation, turn)
@@ -198,11 +193,12 @@ class TurnPipeline:
 
     # -- the steps -----------------------------------------------------------------------
 
-    def understand(self, conversation: Conversation, turn: Turn) -> Understanding:
-        """The dialogue layer and drift detection read the turn; the answer cache's scope follows."""
+    def understand(self, conversation: Conversation, turn: Turn, memory: SessionMemory | None) -> Understanding:
+        """The dialogue layer and drift detection read the turn (and steer the session's
+        `memory`; a given conversation has none); the answer cache's scope follows."""
         context = TurnContext()
-        if self.coordinator is not None and not turn.given:  # the dialogue state lives in a session
-            context = self.coordinator.before_reply(conversation, turn.text, turn.id)
+        if self.coordinator is not None and memory is not None:  # the dialogue state lives in a session
+            context = self.coordinator.before_reply(memory, turn.text, turn.id)
         turn.stats.drift, turn.stats.drift_undone, turn.stats.promoted = context.drift, context.reset_undone, context.promoted
         scope = None
         if self.answers is not None:
@@ -276,10 +272,10 @@ class TurnPipeline:
             return None
         return self.answers.lookup(turn.text, turn.scope, turn.context, turn.params)
 
-    def commit(self, conversation: Conversation, turn: Turn) -> None:
+    def commit(self, memory: SessionMemory, turn: Turn) -> None:
         """Store the reply and everything the turn changed, in one write; then the in-memory follow-ups."""
         assert turn.reply is not None
-        context = turn.context
+        conversation, context = memory.conversation, turn.context
         if self.coordinator is not None:
             self.coordinator.after_reply(conversation, context, turn.id)
         meta = {
@@ -297,9 +293,9 @@ class TurnPipeline:
         self.sessions.conversations.commit(conversation, turn.user, turn.user_seq, turn.reply, meta)
         turn.committed = True
         if self.prefetcher is not None:
-            previous = self.turn_tier.get(turn.session_id, "last_question")
+            previous = memory.entries.get("last_question")
             current = (turn.text, context.intent)
-            self.turn_tier.put(turn.session_id, "last_question", current)
+            memory.entries.put("last_question", current)
             self.prefetcher.after_turn(turn.session_id, [previous, current] if previous else [current])
 
     def reply_of(self, turn: Turn) -> Reply:
@@ -379,10 +375,11 @@ class TurnPipeline:
         it is (its dialogue, window and KV). False if skipped or stopped.
         """
         assert self.answers is not None and isinstance(self.runner, ModelRunner)  # the engine refuses prefetch on a remote model
-        conversation = self.sessions.open(session_id, create=False)
-        if not conversation.lock.acquire(blocking=False):
+        memory = self.sessions.open(session_id, create=False)
+        if not memory.lock.acquire(blocking=False):
             return False  # the session is in a turn: its own answer comes first
         try:
+            conversation = memory.conversation
             where = self.answers.scope(conversation, TurnContext(), question)
             if where is None or not where.storable or self.answers.cache.contains(question, where.scope):
                 return False
@@ -392,7 +389,7 @@ class TurnPipeline:
             if start != conversation.context_start:
                 return False  # the turn would drop old turns, and how many depends on its own max_new_tokens
         finally:
-            conversation.lock.release()
+            memory.lock.release()
         started = time.perf_counter()
         completion = self.runner.complete(prompt.ids, self.runner.token_tier.copy_for(session_id, prompt.ids), params, should_stop)
         return completion is not None and self.answers.store_prefetched(question, completion, where, started)

@@ -160,6 +160,7 @@ def score_dialogues(
         assistant, assistant_text = None, None
         user_vectors: list[np.ndarray] = []
         topic_start, pending, reverted = 0, None, set()  # pending: (the reset's turn, where its dropped topic began)
+        topics = {judge: judge.new_topic() for judge in (detector, rules)}
         for turn, vector in zip(dialogue["turns"], vectors[n]):
             if turn["speaker"] != "USER":
                 assistant, assistant_text = vector, turn["utterance"]
@@ -172,10 +173,10 @@ def score_dialogues(
                     reverted.add(reset)
                 pending = None
             user_vectors.append(vector)
-            if detector.observe(sid, vector, turn["utterance"], assistant, assistant_text).drift:
+            if detector.observe(topics[detector], vector, turn["utterance"], assistant, assistant_text).drift:
                 found["detector"].append(i)
                 pending, topic_start = (i, topic_start), i
-            if rules.observe(sid, vector, turn["utterance"], assistant, assistant_text).drift:
+            if rules.observe(topics[rules], vector, turn["utterance"], assistant, assistant_text).drift:
                 found["rules"].append(i)
             if seed.observe(sid, vector).drift:
                 found["seed_rule"].append(i)
@@ -187,8 +188,7 @@ def score_dialogues(
             undone[kind] += detection in reverted
         for name, hits in found.items():
             tallies[name].append((len(switches), len(hits), match_detections(switches, hits)))
-        for judge in (detector, rules, seed):
-            judge.reset(sid)
+        seed.reset(sid)
     held_out = [bool(domains(d) & HELD_OUT_DOMAINS) for d in dialogues]
     result = _metrics(tallies["detector"])
     result["rules"] = _metrics(tallies["rules"])

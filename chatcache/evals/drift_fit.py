@@ -70,7 +70,7 @@ def read_turns(
     detector = DriftDetector(replace(config, model=None), prototypes)
     features, labels, owners = [], [], []
     for n, dialogue in enumerate(dialogues):
-        sid, previous, pending = str(n), None, None  # pending: a switch no informative turn has answered
+        topic, previous, pending = detector.new_topic(), None, None  # pending: a switch no informative turn has answered
         assistant, assistant_text = None, None
         for turn, vector in zip(dialogue["turns"], vectors[n]):
             if turn["speaker"] != "USER":
@@ -82,7 +82,7 @@ def read_turns(
             elif pending is not None:
                 pending += 1
             previous = services
-            reading = detector.read(sid, vector, turn["utterance"], assistant, assistant_text)
+            reading = detector.read(topic, vector, turn["utterance"], assistant, assistant_text)
             if isinstance(reading, DriftResult):
                 continue
             label = pending is not None and pending <= TOLERANCE
@@ -90,8 +90,7 @@ def read_turns(
             features.append(reading.features())
             labels.append(label)
             owners.append(n)
-            detector.record(sid, reading, label)
-        detector.reset(sid)
+            detector.record(topic, reading, label)
     return Rows(np.array(features), np.array(labels, dtype=int), np.array(owners))
 
 

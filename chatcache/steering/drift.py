@@ -241,8 +241,12 @@ def returns_to_dropped(turn: np.ndarray, dropped: np.ndarray, since: np.ndarray,
 
 
 @dataclass
-class _Topic:
-    """What one session's current topic looks like."""
+class DriftTopic:
+    """What one session's current topic looks like to the detector.
+
+    The session's memory holds it (`SessionMemory`), not the detector: a session let go of
+    takes its topic with it, and the next turn resumes one from the stored turns (`resume`).
+    """
 
     window: deque[np.ndarray]
     last_user: np.ndarray | None = None
@@ -343,11 +347,14 @@ class DriftDetector:
         self.model = load_model(self.config.model) if self.config.model is not None else None
         self._names = list(prototypes or {})
         self._protos = np.stack([prototypes[n] for n in self._names]) if prototypes else None
-        self._topics: dict[str, _Topic] = {}
+
+    def new_topic(self) -> DriftTopic:
+        """An empty topic: the session's first informative turn starts it."""
+        return DriftTopic(deque(maxlen=self.config.topic_window))
 
     def observe(
         self,
-        session_id: str,
+        topic: DriftTopic,
         user_embedding: np.ndarray,
         text: str,
         assistant_embedding: np.ndarray | None = None,
@@ -358,7 +365,7 @@ class DriftDetector:
         """Judge one user turn and fold it into the session's topic.
 
         Args:
-            session_id: the conversation.
+            topic: the session's topic, which the turn is folded into.
             user_embedding: unit-norm embedding of the new user turn.
             text: the user turn, used to spot low-information turns.
             assistant_embedding: unit-norm embedding of the assistant's last turn, if any.
@@ -369,19 +376,19 @@ class DriftDetector:
         Returns:
             Whether the turn starts a new topic, its novelty score and the reasons.
         """
-        reading = self.read(session_id, user_embedding, text, assistant_embedding, assistant_text, task_closed, domain_hint)
+        reading = self.read(topic, user_embedding, text, assistant_embedding, assistant_text, task_closed, domain_hint)
         if isinstance(reading, DriftResult):
             return reading
         result = reading.rule
         if self.model is not None:
             probability = self.model.probability(reading.features())
             result = DriftResult(probability >= self.model.threshold, result.score, [f"p:{probability:.2f}", *result.reasons])
-        self.record(session_id, reading, result.drift)
+        self.record(topic, reading, result.drift)
         return result
 
     def read(
         self,
-        session_id: str,
+        topic: DriftTopic,
         user_embedding: np.ndarray,
         text: str,
         assistant_embedding: np.ndarray | None = None,
@@ -395,7 +402,6 @@ class DriftDetector:
         the result is their `DriftResult` (a first turn starts the topic). Otherwise the turn's
         `TurnReading`, whose verdict the caller passes to `record`.
         """
-        topic = self._topics.setdefault(session_id, _Topic(deque(maxlen=self.config.topic_window)))
         hint_changed = domain_hint is not None and topic.last_hint not in (None, domain_hint)
         if domain_hint is not None:
             topic.last_hint = domain_hint
@@ -451,9 +457,8 @@ class DriftDetector:
             rule=rule,
         )
 
-    def record(self, session_id: str, reading: TurnReading, drift: bool) -> None:
+    def record(self, topic: DriftTopic, reading: TurnReading, drift: bool) -> None:
         """Fold a read turn into the session's topic: a drift starts a new topic with it."""
-        topic = self._topics[session_id]
         if drift:
             self._start_topic(topic, reading.embedding)
         else:
@@ -462,18 +467,13 @@ class DriftDetector:
         if reading.assistant_embedding is not None:
             topic.last_assistant = reading.assistant_embedding
 
-    def knows(self, session_id: str) -> bool:
-        """Whether this detector has seen the session (in this process)."""
-        return session_id in self._topics
-
     def resume(
         self,
-        session_id: str,
         user_texts: list[str],
         embed: Callable[[list[str]], np.ndarray],
         domain_hint: str | None = None,
-    ) -> None:
-        """Rebuild a session's topic from its stored user turns (oldest first), e.g. in a new process.
+    ) -> DriftTopic:
+        """A session's topic rebuilt from its stored user turns (oldest first), e.g. in a new process.
 
         Only the last `topic_window` turns that are informative mid-task are embedded (right
         after a closed task `observe` also keeps shorter ones; the stored turns do not say
@@ -482,12 +482,7 @@ class DriftDetector:
         window = self.config.topic_window
         informative = [t for t in user_texts if not is_low_information(t, self.config.open_task.min_content_words)]
         vectors = list(embed(informative[-window:])) if informative else []
-        topic = _Topic(deque(vectors, maxlen=window), last_user=vectors[-1] if vectors else None, last_hint=domain_hint)
-        self._topics[session_id] = topic
-
-    def reset(self, session_id: str) -> None:
-        """Forget a session's topic (after it ends, or when the user asks to start over)."""
-        self._topics.pop(session_id, None)
+        return DriftTopic(deque(vectors, maxlen=window), last_user=vectors[-1] if vectors else None, last_hint=domain_hint)
 
     def _domains(self, embedding: np.ndarray, centroid: np.ndarray) -> tuple[tuple[str, str] | None, float, float]:
         """(topic domain, the turn's nearest domain) when they differ, how much nearer the turn is
@@ -503,7 +498,7 @@ class DriftDetector:
         return (self._names[current], self._names[best]), float(sims[best] - sims[current]), float(sims[best])
 
     @staticmethod
-    def _start_topic(topic: _Topic, embedding: np.ndarray) -> None:
+    def _start_topic(topic: DriftTopic, embedding: np.ndarray) -> None:
         topic.window.clear()
         topic.window.append(embedding)
         topic.last_user = embedding

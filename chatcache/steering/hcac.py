@@ -45,7 +45,7 @@ from chatcache.dialog import (
 
 from ..tiers.conversations import Conversation, Conversations
 from .drift import DriftConfig, DriftDetector, is_low_information, returns_to_dropped
-from ..tiers.turn_tier import TurnTier
+from .session_memory import SessionMemory
 
 Embed = Callable[[list[str]], np.ndarray]
 
@@ -150,7 +150,6 @@ class ContextCoordinator:
     def __init__(
         self,
         conversations: Conversations,
-        turn_tier: TurnTier,
         embed: Embed,
         bot: BotDefinition | None,
         drift: DriftConfig | None,
@@ -160,7 +159,6 @@ class ContextCoordinator:
         """`reader` reads the bot's intents (a trained model); without one, the nearest-example
         classifier does, which is built anyway: its embedded examples are drift's topics."""
         self.conversations = conversations
-        self.turn_tier = turn_tier
         self.embed = embed
         nearest = IntentClassifier(bot, embed) if bot else None
         self.manager = (
@@ -170,7 +168,9 @@ class ContextCoordinator:
         prototypes = nearest.prototypes() if nearest is not None else None
         self.drift = DriftDetector(drift, prototypes) if drift is not None else None
 
-    def before_reply(self, conversation: Conversation, text: str, turn_id: str) -> TurnContext:
+    def before_reply(self, memory: SessionMemory, text: str, turn_id: str) -> TurnContext:
+        """Read the turn and steer the session's memory (module docstring); what it read."""
+        conversation = memory.conversation
         previous = conversation.turns[-1] if conversation.turns else None
         assistant_text = previous.content if previous is not None and previous.role == "assistant" else None
         # One batch: the assistant's last turn is context the new user turn is judged against.
@@ -178,17 +178,17 @@ class ContextCoordinator:
         context = TurnContext(embedding=vectors[0])
         before = conversation.dialogue  # as the last turn left it (a record: stepping replaces it)
         if self.manager is not None:
-            self._step_dialogue(conversation, text, turn_id, context)
+            self._step_dialogue(memory, text, turn_id, context)
         if self.drift is not None:
             assistant = (assistant_text, vectors[1]) if assistant_text is not None else None
-            self._judge_drift(self.drift, conversation, text, vectors[0], assistant, before, context)
-        self.turn_tier.put(conversation.id, "embedding", vectors[0])
+            self._judge_drift(self.drift, memory, text, vectors[0], assistant, before, context)
+        memory.entries.put("embedding", vectors[0])
         return context
 
     def _judge_drift(
         self,
         detector: DriftDetector,
-        conversation: Conversation,
+        memory: SessionMemory,
         text: str,
         embedding: np.ndarray,
         assistant: tuple[str, np.ndarray] | None,
@@ -196,18 +196,19 @@ class ContextCoordinator:
         context: TurnContext,
     ) -> None:
         """Ask the detector about this turn; on a drift, drop the old topic from the turn tier and the prompt."""
+        conversation = memory.conversation
         if conversation.reset_from is not None and not is_low_information(text, detector.config.open_task.min_content_words):
             if self._returns_to_dropped(conversation, embedding, detector.config.return_margin):
                 context.reset_undone = True
                 conversation.context_start = conversation.reset_from
                 conversation.segments.ids.clear()
-                detector.reset(conversation.id)  # resumed below from the turns back in the window
+                memory.topic = None  # resumed below from the turns back in the window
             conversation.reset_from = None  # judged: the reset stands, or is undone
-        if not detector.knows(conversation.id):  # a new process: the topic is in the stored turns
+        if memory.topic is None:  # a new process, or a copy rebuilt: the topic is in the stored turns
             stored = [m.content for m in conversation.turns[conversation.context_start :] if m.role == "user"]
-            detector.resume(conversation.id, stored, self.embed, _domain_hint(before.intent if before is not None else None))
+            memory.topic = detector.resume(stored, self.embed, _domain_hint(before.intent if before is not None else None))
         result = detector.observe(
-            conversation.id,
+            memory.topic,
             embedding,
             text,
             assistant_embedding=assistant[1] if assistant else None,
@@ -217,7 +218,7 @@ class ContextCoordinator:
         )
         if result.drift and conversation.turns:
             context.drift, context.drift_reasons = True, tuple(result.reasons)
-            self.turn_tier.invalidate(conversation.id)
+            memory.entries.clear()
             conversation.reset_from = conversation.context_start  # the next informative turn may undo it
             conversation.context_start = len(conversation.turns)  # the turn's commit stores both
             conversation.segments.ids.clear()
@@ -233,8 +234,9 @@ class ContextCoordinator:
         vectors = self.embed(dropped + since)
         return returns_to_dropped(embedding, vectors[: len(dropped)], vectors[len(dropped) :], margin)
 
-    def _step_dialogue(self, conversation: Conversation, text: str, turn_id: str, context: TurnContext) -> None:
+    def _step_dialogue(self, memory: SessionMemory, text: str, turn_id: str, context: TurnContext) -> None:
         assert self.manager is not None
+        conversation = memory.conversation
         state = conversation.dialogue
         if state is not None and state.state == State.HANDED_OFF:  # a person answers until they hand it back
             context.awaiting_agent, context.dialogue_state = True, State.HANDED_OFF.value
@@ -251,12 +253,12 @@ class ContextCoordinator:
         context.dialogue_state = decision.state.state.value
         context.cacheable, context.bot_reply, context.action = decision.cacheable, decision.prompt, decision.action
         context.confirmed = decision.confirmed
-        self.turn_tier.put(conversation.id, "intent_candidate", (decision.intent, decision.confidence))
+        memory.entries.put("intent_candidate", (decision.intent, decision.confidence))
         slots = dict(decision.state.slots)
         if decision.confirmed and decision.intent != OUT_OF_SCOPE:
             context.promoted = self._promote(conversation, decision.intent, decision.confidence, slots)
         else:
-            self.turn_tier.put(conversation.id, "unconfirmed_slots", slots)
+            memory.entries.put("unconfirmed_slots", slots)
 
     def _promote(self, conversation: Conversation, intent: str, confidence: float, slots: dict[str, str]) -> bool:
         facts = [("intent", "current", intent, confidence)] + [
@@ -277,9 +279,3 @@ class ContextCoordinator:
         machine.apply(DialogueEvent(EventType.ACTED, {"action": context.action}, f"{turn_id}:acted"))
         conversation.dialogue = machine.snapshot()
         context.dialogue_state = machine.state.value
-
-    def release(self, session_id: str) -> None:
-        """Forget the session's turn-tier entries and drift history (session ended or expired)."""
-        self.turn_tier.invalidate(session_id)
-        if self.drift is not None:
-            self.drift.reset(session_id)

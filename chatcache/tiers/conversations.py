@@ -19,8 +19,7 @@ copy in memory that another process has changed since is rebuilt before the turn
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -84,7 +83,6 @@ class Conversation:
     version: int = 0
     last_seq: int = 0  # the newest stored message this copy has seen
     lease: str | None = None  # the turn lease's holder while a turn runs
-    lock: threading.Lock = field(default_factory=threading.Lock)
     created_empty: bool = False  # its session row was created for this turn, which has recorded nothing yet
 
     def window(self, start: int | None = None) -> list[Message]:
@@ -141,7 +139,8 @@ def render_facts(system_prompt: str | None, facts: list[Fact]) -> str | None:
 
 
 class Conversations:
-    """Loads, records and forgets conversations for one bot and user.
+    """Loads and records conversations for one bot and user (the engine's `ResidentSessions`
+    holds the loaded ones).
 
     `vocab_size` bounds the token ids a stored reply may carry (the model's embedding rows);
     without it only their type and sign are checked.
@@ -161,29 +160,17 @@ class Conversations:
         self.user_id = user_id
         self.system_prompt = system_prompt
         self.vocab_size = vocab_size
-        self._loaded: dict[str, Conversation] = {}
-        self._lock = threading.Lock()
 
-    def loaded(self, session_id: str) -> Conversation | None:
-        """The session's conversation if this process holds it in memory; never reads the database."""
-        with self._lock:
-            return self._loaded.get(session_id)
-
-    def open(self, session_id: str, create: bool) -> Conversation:
-        """The conversation of `session_id`, from memory or rebuilt from the database.
+    def load(self, session_id: str, create: bool) -> Conversation:
+        """The conversation of `session_id` as the session tier holds it (created first if `create`).
 
         Raises:
             UnknownSessionError: `create` is false and the session does not exist.
         """
-        with self._lock:
-            loaded = self._loaded.get(session_id)
-            if loaded is not None:
-                return loaded
         session, created = self.store.ensure_session(session_id, self.user_id, self.bot) if create else (self.store.get_session(session_id), False)
         conversation = self._rebuild(session_id, session.state, session.version)
         conversation.created_empty = created
-        with self._lock:
-            return self._loaded.setdefault(session_id, conversation)
+        return conversation
 
     def _rebuild(self, session_id: str, state: dict[str, Any], version: int) -> Conversation:
         facts = self.store.facts(session_id)
@@ -221,8 +208,8 @@ class Conversations:
     def turn(self, conversation: Conversation) -> Iterator[bool]:
         """Hold the session's turn lease for one turn; yields whether the copy was rebuilt first.
 
-        The caller holds `conversation.lock` (this process's other threads); the lease keeps
-        other processes out. A copy that another process changed since it was loaded is
+        The caller holds the session's lock (`SessionMemory.lock`: this process's other
+        threads); the lease keeps other processes out. A copy that another process changed since it was loaded is
         rebuilt in place, so the turn sees every message and state change stored so far.
 
         Raises:
@@ -232,7 +219,7 @@ class Conversations:
             stale = lease.head != SessionHead(conversation.version, conversation.last_seq)
             if stale:
                 fresh = self.read(conversation.id)
-                for name in (f.name for f in fields(Conversation) if f.name not in ("id", "lock")):
+                for name in (f.name for f in fields(Conversation) if f.name != "id"):
                     setattr(conversation, name, getattr(fresh, name))
             conversation.lease = lease.holder
             try:
@@ -292,7 +279,6 @@ class Conversations:
         failed before its first write): a refused first message leaves no session behind. Called
         with the turn lease held, so no other process can have written to it."""
         if conversation.created_empty:
-            self.forget(conversation.id)
             self.store.delete_session(conversation.id)
 
     def commit(
@@ -344,49 +330,3 @@ class Conversations:
             replaced = [f for f in conversation.facts if (f.kind.value, f.name) != (kind, name)]
             conversation.facts = [*replaced, Fact(0, conversation.id, FactKind(kind), name, value, confidence, turn, now)]
         self._set_system(conversation)
-
-    def forget(self, session_id: str) -> None:
-        """Drop the in-memory copy; the next turn rebuilds it from the database."""
-        with self._lock:
-            self._loaded.pop(session_id, None)
-
-    @contextmanager
-    def hold(self, session_id: str, create: bool) -> Iterator[Conversation]:
-        """The conversation of `session_id` with its lock held: one turn at a time, on the copy in memory.
-
-        A copy dropped while this waited for its lock (let go of, or forgotten after a failed
-        write) is not used: a later turn would rebuild another and run beside this one.
-        """
-        while True:
-            conversation = self.open(session_id, create)
-            with conversation.lock:
-                with self._lock:
-                    current = self._loaded.get(session_id) is conversation
-                if current:
-                    yield conversation
-                    return
-
-    def unload(self, session_id: str, release: Callable[[], None]) -> bool:
-        """Drop an idle conversation from memory and call `release` while no turn can start on it.
-
-        Returns False, having done nothing, while a turn holds the conversation.
-        """
-        with self._lock:
-            conversation = self._loaded.get(session_id)
-        if conversation is None:
-            release()
-            return True
-        if not conversation.lock.acquire(blocking=False):
-            return False
-        try:
-            with self._lock:
-                if self._loaded.get(session_id) is not conversation:
-                    return False  # rebuilt meanwhile: a turn may hold the new copy
-            # Released while this copy is still the loaded one and its lock is held: no turn can
-            # start on the session until it is gone, so none sees its state half released.
-            release()
-            with self._lock:
-                del self._loaded[session_id]
-        finally:
-            conversation.lock.release()
-        return True

@@ -98,7 +98,7 @@ def test_a_prefetch_is_the_next_turns_answer_and_leaves_the_session_as_it_is(mak
     for session, opening in (("asks", "hello there"), ("moves on", "good morning")):
         for engine in (cached, plain):
             engine.chat(session, opening, max_new_tokens=6)
-        conversation = cached.conversations.open(session, create=False)
+        conversation = cached.sessions.open(session, create=False).conversation
         window, segments = conversation.context_start, [list(ids) for ids in conversation.segments.ids]
         assert cached.turns.prefetch(session, question, lambda: False), "the tiny model ends this answer: it is stored"
         assert (conversation.context_start, conversation.segments.ids) == (window, segments)

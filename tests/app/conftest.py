@@ -101,7 +101,7 @@ def seed_session():  # type: ignore[no-untyped-def]
 
     def seed(engine, session_id, turns, title=None, ttft_ms=12.0):  # type: ignore[no-untyped-def]
         store = engine.store
-        store.get_or_create_session(session_id, engine.conversations.user_id, engine.conversations.bot)
+        store.get_or_create_session(session_id, engine.sessions.user_id, engine.sessions.bot)
         if title:
             store.rename_session(session_id, title)
         for user, reply in turns:

@@ -108,7 +108,7 @@ async def test_switch_bot_uses_the_engine_factory(tiny_model, make_engine, make_
         await run_command(pilot, "Switch bot")
         await pilot.press(*"customer_service", "enter")
         await settle(pilot)
-        assert app.engine.conversations.bot == "customer_service"
+        assert app.engine.sessions.bot == "customer_service"
         assert "bot: customer_service" in app.sub_title
         await pilot.press(*"I want to transfer 200 dollars to account 12345674", "enter")
         await settle(pilot)

@@ -28,9 +28,9 @@ def seeded_app(engine, make_app, seed_session):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def flow_app(engine, make_app):  # type: ignore[no-untyped-def]
     """A customer-service turn answered by the bot's flow (tier "dialog"), with a long session id."""
-    store, user = engine.store, engine.conversations.user_id
+    store, user = engine.store, engine.sessions.user_id
     session = "chat-1201-0845"
-    store.get_or_create_session(session, user, engine.conversations.bot)
+    store.get_or_create_session(session, user, engine.sessions.bot)
     store.append_message(session, "user", "I want to transfer 200 dollars", 7)
     meta = {"tier": "dialog", "finish_reason": "flow", "ttft_s": 0.114, "intent": "transfer_money",
             "dialogue_state": "COLLECTING_SLOTS"}

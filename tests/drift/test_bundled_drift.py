@@ -59,11 +59,12 @@ BOTH = pytest.mark.parametrize("config", [LEARNED, RULES], ids=["learned", "rule
 def replay(embed, prototypes, turns: list[tuple[str, str]], config: DriftConfig = LEARNED) -> list[bool]:  # type: ignore[no-untyped-def]
     """(assistant's last turn, user turn) pairs through one detector: drift per user turn."""
     detector = DriftDetector(config, prototypes)
+    topic = detector.new_topic()
     verdicts = []
     for assistant, user in turns:
         vectors = embed([user, assistant]) if assistant else embed([user])
         result = detector.observe(
-            "s",
+            topic,
             vectors[0],
             user,
             assistant_embedding=vectors[1] if assistant else None,

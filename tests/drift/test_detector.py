@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from chatcache.steering.drift import (
+    DriftTopic,
     DriftConfig,
     DriftDetector,
     SeedRule,
@@ -32,9 +33,11 @@ PROTOTYPES = {"Hotels": HOTEL, "RentalCars": CAR, "Weather": WEATHER}
 RULES = DriftConfig(model=None)
 
 
-def start_hotel_topic(detector: DriftDetector, sid: str = "s") -> None:
-    assert not detector.observe(sid, HOTEL, "Find me a hotel room in Paris", domain_hint="Hotels").drift
-    assert not detector.observe(sid, HOTEL_2, "A hotel with a pool near the centre", domain_hint="Hotels").drift
+def start_hotel_topic(detector: DriftDetector) -> DriftTopic:
+    topic = detector.new_topic()
+    assert not detector.observe(topic, HOTEL, "Find me a hotel room in Paris", domain_hint="Hotels").drift
+    assert not detector.observe(topic, HOTEL_2, "A hotel with a pool near the centre", domain_hint="Hotels").drift
+    return topic
 
 
 def test_seed_rule_fires_on_two_consecutive_far_turns_not_on_one() -> None:
@@ -58,9 +61,9 @@ def test_seed_rule_window_drop_fires_on_a_turn_far_from_the_window() -> None:
 @pytest.mark.parametrize("assistant_text", ["Which date would you like?", "Your room is booked. Anything else?"])
 def test_low_information_turns_never_fire(assistant_text: str) -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector)
+    topic = start_hotel_topic(detector)
     for text in ("Thanks!", "7 pm", "No, that's all, thank you.", "Sounds good to me."):
-        result = detector.observe("s", CAR, text, assistant_text=assistant_text, domain_hint="RentalCars")
+        result = detector.observe(topic, CAR, text, assistant_text=assistant_text, domain_hint="RentalCars")
         assert not result.drift
         assert result.reasons == ["low_information"]
 
@@ -69,42 +72,42 @@ def test_one_content_word_is_low_information_only_while_the_task_is_open() -> No
     assert is_low_information("Yes, book it.", 2)
     assert not is_low_information("I need a hotel.", 1)
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector)
-    assert detector.observe("s", CAR, "A car.", assistant_text="Which room type?").reasons == ["low_information"]
-    assert detector.observe("s", CAR, "A car.", assistant_text="Your room is booked.").drift
+    topic = start_hotel_topic(detector)
+    assert detector.observe(topic, CAR, "A car.", assistant_text="Which room type?").reasons == ["low_information"]
+    assert detector.observe(topic, CAR, "A car.", assistant_text="Your room is booked.").drift
     assert not is_low_information("I need a rental car in Fresno", 2)
 
 
 def test_domain_hint_change_with_distance_fires() -> None:
     detector = DriftDetector(RULES)  # no prototypes: the hint is the only evidence
-    start_hotel_topic(detector)
-    result = detector.observe("s", CAR, "I also need a rental car there", domain_hint="RentalCars")
+    topic = start_hotel_topic(detector)
+    result = detector.observe(topic, CAR, "I also need a rental car there", domain_hint="RentalCars")
     assert result.drift
     assert "hint:RentalCars" in result.reasons
 
 
 def test_distance_without_domain_evidence_does_not_fire() -> None:
     detector = DriftDetector(RULES)
-    start_hotel_topic(detector)
-    result = detector.observe("s", CAR, "I also need a rental car there", domain_hint="Hotels")
+    topic = start_hotel_topic(detector)
+    result = detector.observe(topic, CAR, "I also need a rental car there", domain_hint="Hotels")
     assert not result.drift
     assert result.score > 0.9
 
 
 def test_hint_change_without_distance_does_not_fire() -> None:
     detector = DriftDetector(RULES)
-    start_hotel_topic(detector)
-    assert not detector.observe("s", HOTEL, "Reserve that hotel for two nights", domain_hint="Reserve").drift
+    topic = start_hotel_topic(detector)
+    assert not detector.observe(topic, HOTEL, "Reserve that hotel for two nights", domain_hint="Reserve").drift
 
 
 def test_prototype_domain_change_fires_and_starts_a_new_topic() -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector)
-    result = detector.observe("s", CAR, "I also need a rental car there")
+    topic = start_hotel_topic(detector)
+    result = detector.observe(topic, CAR, "I also need a rental car there")
     assert result.drift
     assert "domain:Hotels->RentalCars" in result.reasons
     # The car topic is now the context: more car talk is no drift.
-    assert not detector.observe("s", unit(0.05, 1, 0, 0.05), "A compact rental car until Friday").drift
+    assert not detector.observe(topic, unit(0.05, 1, 0, 0.05), "A compact rental car until Friday").drift
 
 
 # Halfway between the hotel and car axes, a little closer to cars: novelty about 0.3,
@@ -114,22 +117,22 @@ CAR_ISH = unit(0.55, 0.8, 0, 0)
 
 def test_a_closed_task_lowers_the_bar_an_open_one_raises_it() -> None:
     open_task = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(open_task)
-    result = open_task.observe("s", CAR_ISH, "What about a car rental in Paris", assistant_text="Shall I book it?")
+    open_task_topic = start_hotel_topic(open_task)
+    result = open_task.observe(open_task_topic, CAR_ISH, "What about a car rental in Paris", assistant_text="Shall I book it?")
     assert not result.drift
     assert "open_task" in result.reasons and "domain:Hotels->RentalCars" not in result.reasons
 
     closed = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(closed)
-    result = closed.observe("s", CAR_ISH, "What about a car rental in Paris", assistant_text="Your room is booked.")
+    closed_topic = start_hotel_topic(closed)
+    result = closed.observe(closed_topic, CAR_ISH, "What about a car rental in Paris", assistant_text="Your room is booked.")
     assert result.drift
     assert "closed_task" in result.reasons and "domain:Hotels->RentalCars" in result.reasons
 
 
 def test_the_caller_can_say_the_task_is_closed() -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector)
-    result = detector.observe("s", CAR_ISH, "What about a car rental in Paris", task_closed=True)
+    topic = start_hotel_topic(detector)
+    result = detector.observe(topic, CAR_ISH, "What about a car rental in Paris", task_closed=True)
     assert result.drift and "closed_task" in result.reasons
 
 
@@ -193,43 +196,45 @@ def test_follows_up_done_task(text: str, reason: str | None) -> None:
 def test_thanks_for_a_reported_task_keeps_its_history_until_the_assistant_asks_for_more() -> None:
     text = "Thanks! Can you get me a rental car there?"
     reported = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(reported)
-    result = reported.observe("s", CAR, text, assistant_text="Your room is booked.")
+    reported_topic = start_hotel_topic(reported)
+    result = reported.observe(reported_topic, CAR, text, assistant_text="Your room is booked.")
     assert not result.drift
     assert "closed_task" in result.reasons and "thanks_done_task" in result.reasons
     # "Anything else?" means the user's previous turn closed the task: the request is new.
     invited = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(invited)
-    assert invited.observe("s", CAR, text, assistant_text="Your room is booked. Anything else?").drift
+    invited_topic = start_hotel_topic(invited)
+    assert invited.observe(invited_topic, CAR, text, assistant_text="Your room is booked. Anything else?").drift
 
 
 def test_a_question_about_a_reported_task_keeps_its_history() -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector)
-    result = detector.observe("s", CAR, "How much is the parking fee?", assistant_text="Your room is booked.")
+    topic = start_hotel_topic(detector)
+    result = detector.observe(topic, CAR, "How much is the parking fee?", assistant_text="Your room is booked.")
     assert not result.drift and "asks_about_result" in result.reasons
     # A question that asks for something new is a new request.
     fresh = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(fresh)
-    assert fresh.observe("s", CAR, "Can you find me a rental car?", assistant_text="Your room is booked.").drift
+    fresh_topic = start_hotel_topic(fresh)
+    assert fresh.observe(fresh_topic, CAR, "Can you find me a rental car?", assistant_text="Your room is booked.").drift
 
 
 def test_assistant_turn_counts_as_context() -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector)
+    topic = start_hotel_topic(detector)
     # The assistant offered a car: a user turn about cars continues that thread.
-    result = detector.observe("s", CAR, "Yes, a rental car would help", assistant_embedding=CAR)
+    result = detector.observe(topic, CAR, "Yes, a rental car would help", assistant_embedding=CAR)
     assert not result.drift
     assert result.score < 0.01
 
 
-def test_reset_clears_state() -> None:
+def test_a_new_topic_starts_afresh() -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
     start_hotel_topic(detector)
-    detector.reset("s")
-    result = detector.observe("s", CAR, "I need a rental car in Fresno", domain_hint="RentalCars")
+    result = detector.observe(detector.new_topic(), CAR, "I need a rental car in Fresno", domain_hint="RentalCars")
     assert not result.drift
     assert result.reasons == ["first_turn"]
+
+
+def test_the_seed_rule_forgets_a_session_on_reset() -> None:
     rule = SeedRule(DriftConfig(seed_window_drop=2.0))
     rule.observe("s", HOTEL)
     rule.observe("s", CAR)
@@ -239,8 +244,8 @@ def test_reset_clears_state() -> None:
 
 def test_sessions_are_independent() -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector, "a")
-    assert detector.observe("b", CAR, "I need a rental car in Fresno").reasons == ["first_turn"]
+    start_hotel_topic(detector)
+    assert detector.observe(detector.new_topic(), CAR, "I need a rental car in Fresno").reasons == ["first_turn"]
 
 
 @pytest.mark.parametrize(
@@ -276,15 +281,15 @@ def test_stage_thresholds_reject_bad_values(kwargs: dict[str, float]) -> None:
 
 def test_acknowledging_an_open_task_keeps_its_history() -> None:
     detector = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(detector)
+    topic = start_hotel_topic(detector)
     text = "Great, thanks. Can you also get me a rental car there?"
-    result = detector.observe("s", CAR, text, assistant_text="How about the Ritz, 4 stars?")
+    result = detector.observe(topic, CAR, text, assistant_text="How about the Ritz, 4 stars?")
     assert not result.drift
     assert "answers_open_task" in result.reasons
     # Once the assistant closed the task, the same turn starts a new topic.
     closed = DriftDetector(RULES, PROTOTYPES)
-    start_hotel_topic(closed)
-    assert closed.observe("s", CAR, text, assistant_text="Your room is booked. Anything else?").drift
+    closed_topic = start_hotel_topic(closed)
+    assert closed.observe(closed_topic, CAR, text, assistant_text="Your room is booked. Anything else?").drift
 
 
 def test_resume_rebuilds_the_topic_from_stored_turns() -> None:
@@ -296,16 +301,14 @@ def test_resume_rebuilds_the_topic_from_stored_turns() -> None:
         return np.stack([vectors[t] for t in texts])
 
     detector = DriftDetector(DriftConfig(topic_window=1, model=None), PROTOTYPES)
-    assert not detector.knows("s")
-    detector.resume("s", list(vectors), embed, domain_hint="Hotels")
-    assert detector.knows("s")
+    topic = detector.resume(list(vectors), embed, domain_hint="Hotels")
     assert embedded == [["A hotel with a pool near the centre"]]  # informative turns, last window only
-    result = detector.observe("s", CAR, "I also need a rental car there", assistant_text="Your room is booked.")
+    result = detector.observe(topic, CAR, "I also need a rental car there", assistant_text="Your room is booked.")
     assert result.drift and "domain:Hotels->RentalCars" in result.reasons
 
     fresh = DriftDetector(RULES, PROTOTYPES)
-    fresh.resume("s", [], embed)  # a session with no stored turns starts its topic with the next one
-    assert fresh.observe("s", CAR, "I need a rental car in Fresno").reasons == ["first_turn"]
+    fresh_topic = fresh.resume([], embed)  # a session with no stored turns starts its topic with the next one
+    assert fresh.observe(fresh_topic, CAR, "I need a rental car in Fresno").reasons == ["first_turn"]
 
 
 def test_the_turn_after_a_reset_undoes_it_only_when_closer_to_the_dropped_topic_by_the_margin() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from chatcache.errors import ConfigError
 from chatcache.evals.drift_fit import choose_threshold, fit_calibrated, read_turns, to_model, Rows
-from chatcache.steering.drift import FEATURES, DriftConfig, DriftDetector
+from chatcache.steering.drift import FEATURES, DriftConfig, DriftDetector, DriftTopic
 from chatcache.steering.drift_model import SHIPPED_MODEL, DriftModel, load_model
 
 
@@ -40,10 +40,12 @@ def novelty_after_a_closed_task(path: Path, threshold: float, intercept: float =
     return path
 
 
-def detector(model: Path) -> DriftDetector:
+def hotel_topic(model: Path) -> tuple[DriftDetector, DriftTopic]:
+    """A detector on `model` and a topic it started with a hotel request."""
     found = DriftDetector(DriftConfig(model=model), PROTOTYPES)
-    assert not found.observe("s", HOTEL, "Find me a hotel room in Paris").drift  # the first turn
-    return found
+    topic = found.new_topic()
+    assert not found.observe(topic, HOTEL, "Find me a hotel room in Paris").drift  # the first turn
+    return found, topic
 
 
 def test_the_shipped_model_loads_with_its_provenance() -> None:
@@ -58,22 +60,26 @@ def test_the_shipped_model_loads_with_its_provenance() -> None:
 
 def test_a_turn_drifts_when_its_probability_reaches_the_threshold(tmp_path: Path) -> None:
     path = novelty_after_a_closed_task(tmp_path / "m.json", threshold=0.5)
-    result = detector(path).observe("s", CAR, "I need a rental car at the airport", assistant_text="Your room is booked.")
+    found, topic = hotel_topic(path)
+    result = found.observe(topic, CAR, "I need a rental car at the airport", assistant_text="Your room is booked.")
     assert result.drift and result.reasons[0] == "p:1.00"
     # The same turn while the task is open: probability 0.
-    assert not detector(path).observe("s", CAR, "I need a rental car at the airport", assistant_text="Which dates?").drift
+    found, topic = hotel_topic(path)
+    assert not found.observe(topic, CAR, "I need a rental car at the airport", assistant_text="Which dates?").drift
     strict = novelty_after_a_closed_task(tmp_path / "strict.json", threshold=1.0)
     halfway = unit(1, 1, 0)  # novelty about 0.29 after a closed task
-    assert not detector(strict).observe("s", halfway, "A rental car near the hotel", assistant_text="Your room is booked.").drift
+    found, topic = hotel_topic(strict)
+    assert not found.observe(topic, halfway, "A rental car near the hotel", assistant_text="Your room is booked.").drift
 
 
 def test_low_information_and_first_turns_never_reach_the_model(tmp_path: Path) -> None:
     always = novelty_after_a_closed_task(tmp_path / "always.json", threshold=0.5, intercept=5.0)
     found = DriftDetector(DriftConfig(model=always), PROTOTYPES)
-    assert found.observe("s", HOTEL, "Find me a hotel room in Paris").reasons == ["first_turn"]
-    result = found.observe("s", CAR, "Thanks, that's all!", assistant_text="Your room is booked. Anything else?")
+    topic = found.new_topic()
+    assert found.observe(topic, HOTEL, "Find me a hotel room in Paris").reasons == ["first_turn"]
+    result = found.observe(topic, CAR, "Thanks, that's all!", assistant_text="Your room is booked. Anything else?")
     assert not result.drift and result.reasons == ["low_information"]
-    assert found.observe("s", CAR, "I need a rental car at the airport").drift
+    assert found.observe(topic, CAR, "I need a rental car at the airport").drift
 
 
 def test_a_model_fitted_on_other_features_is_refused(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def test_confirmed_intent_is_promoted_and_remembered_after_a_restart(bank, tmp_p
     assert stored_flow_state(engine) == State.DONE
     engine.close()
     restarted = bank()
-    conversation = restarted.conversations.open("s", create=False)
+    conversation = restarted.sessions.open("s", create=False).conversation
     assert conversation.system is not None and "to_account: 12345674" in conversation.system.content
     follow_up = restarted.chat("s", "and what was the amount again", max_new_tokens=8)
     assert follow_up.stats.tier == "disk"  # the facts are in the prompt the spilled KV was built on
@@ -67,16 +68,17 @@ def test_unconfirmed_intent_stays_in_the_turn_tier(bank) -> None:  # type: ignor
     engine = bank(promote_threshold=1.0)  # confidence alone never promotes
     engine.chat("s", "I want to transfer money", max_new_tokens=8)
     assert engine.store.facts("s") == []
-    assert engine.turn_tier.get("s", "intent_candidate")[0] == "transfer_money"
-    assert engine.turn_tier.get("s", "unconfirmed_slots") == {}
+    entries = engine.sessions.loaded("s").entries
+    assert entries.get("intent_candidate")[0] == "transfer_money"
+    assert entries.get("unconfirmed_slots") == {}
 
 
 def test_ending_a_session_releases_turn_and_token_tiers(bank) -> None:  # type: ignore[no-untyped-def]
     engine = bank()
     engine.chat("s", "What are your opening hours?", max_new_tokens=8)
-    assert engine.turn_tier.items("s") and "s" in engine.token_tier._sessions
+    assert engine.sessions.loaded("s").entries.items() and "s" in engine.token_tier._sessions
     engine.sessions.end("s")
-    assert engine.turn_tier.items("s") == {}
+    assert engine.sessions.loaded("s") is None  # its memory, turn-tier entries with it
     assert "s" not in engine.token_tier._sessions
     assert engine.store.get_session("s").status.value == "ended"
 
@@ -89,9 +91,9 @@ def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed
     engine.chat("busy", "I want to transfer money", max_new_tokens=4)  # a flow is in progress
     now[0] += timedelta(hours=25)
     assert engine.sessions.expire() == ["idle"]
-    assert engine.turn_tier.items("idle") == {} and "idle" not in engine.token_tier._sessions
+    assert engine.sessions.loaded("idle") is None and "idle" not in engine.token_tier._sessions
     assert engine.store.get_session("busy").status.value == "active"
-    assert engine.turn_tier.get("busy", "intent_candidate")[0] == "transfer_money"
+    assert engine.sessions.loaded("busy").entries.get("intent_candidate")[0] == "transfer_money"
 
 
 def test_a_turn_writes_the_session_tier_twice_its_message_then_one_commit(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -109,7 +111,7 @@ def test_a_turn_writes_the_session_tier_twice_its_message_then_one_commit(bank, 
     monkeypatch.undo()
     stored = engine.store.facts("s")
     assert reply.dialogue_state == "DONE" and len(stored) == 3
-    assert sorted(engine.conversations.open("s", create=False).facts, key=lambda f: (f.kind, f.name)) == stored
+    assert sorted(engine.sessions.open("s", create=False).conversation.facts, key=lambda f: (f.kind, f.name)) == stored
 
 
 def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -118,10 +120,10 @@ def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(
     facts = engine.store.facts("s")
     understand = engine.coordinator.before_reply
 
-    def meddling(conversation, *args):  # type: ignore[no-untyped-def]
+    def meddling(memory, *args):  # type: ignore[no-untyped-def]
         stored = engine.store.get_session("s")
         engine.store.update_state("s", {**stored.state, "other_writer": 1}, stored.version)  # ignores the lease
-        return understand(conversation, *args)
+        return understand(memory, *args)
 
     monkeypatch.setattr(engine.coordinator, "before_reply", meddling)
     with pytest.raises(StaleVersionError):
@@ -138,11 +140,11 @@ def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> No
     engine = bank(drift=True)
     first = engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
     assert not first.stats.drift
-    engine.turn_tier.put("s", "old-topic-note", "kept for this topic only")
+    engine.sessions.loaded("s").entries.put("old-topic-note", "kept for this topic only")
     switched = engine.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6)
     assert switched.stats.drift
-    assert engine.turn_tier.get("s", "old-topic-note") is None
-    conversation = engine.conversations.open("s", create=False)
+    assert engine.sessions.loaded("s").entries.get("old-topic-note") is None
+    conversation = engine.sessions.open("s", create=False).conversation
     assert conversation.context_start == 2  # the first turn left the prompt...
     assert len(engine.sessions.history("s")) == 4  # ...but not the record
     assert engine.store.get_session("s").state["context_start"] == 2
@@ -166,7 +168,7 @@ def test_a_turn_back_on_the_dropped_topic_undoes_the_drift_reset(bank) -> None: 
     assert back.stats.drift_undone and not back.stats.drift
     state = restarted.store.get_session("s").state
     assert (state["context_start"], state["reset_from"]) == (0, None)
-    assert any("on Saturday" in m.content for m in restarted.conversations.open("s", create=False).window())
+    assert any("on Saturday" in m.content for m in restarted.sessions.open("s", create=False).conversation.window())
 
 
 def test_a_turn_on_the_new_topic_makes_the_drift_reset_final(bank) -> None:  # type: ignore[no-untyped-def]
@@ -177,7 +179,7 @@ def test_a_turn_on_the_new_topic_makes_the_drift_reset_final(bank) -> None:  # t
     assert not follow.stats.drift_undone and not follow.stats.drift
     state = engine.store.get_session("s").state
     assert (state["context_start"], state["reset_from"]) == (2, None)
-    assert not any("on Saturday" in m.content for m in engine.conversations.open("s", create=False).window())
+    assert not any("on Saturday" in m.content for m in engine.sessions.open("s", create=False).conversation.window())
 
 
 def test_drift_is_judged_against_the_assistant_turn_and_the_finished_flow(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -207,7 +209,7 @@ def test_a_new_process_judges_drift_against_the_stored_topic(bank) -> None:  # t
     restarted = bank(drift=True)
     switched = restarted.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6)
     assert switched.stats.drift  # not taken for the conversation's first turn
-    assert restarted.conversations.open("s", create=False).context_start == 2
+    assert restarted.sessions.open("s", create=False).conversation.context_start == 2
 
 
 @pytest.mark.bundled
@@ -220,11 +222,10 @@ def test_drift_is_decided_by_the_learned_model_with_the_bundled_embedder_only(ba
 
 def test_upkeep_drops_expired_turn_tier_entries_of_live_sessions(bank) -> None:  # type: ignore[no-untyped-def]
     engine = bank()
-    now = [0.0]
-    engine.turn_tier._clock = lambda: now[0]  # the tier's own clock, moved by hand
     engine.chat("s", "I want to transfer money", max_new_tokens=4)
-    assert len(engine.turn_tier) > 0
-    now[0] += engine.turn_tier.config.ttl_s + 1
+    entries = engine.sessions.loaded("s").entries
+    assert len(entries) > 0
+    entries._clock = lambda: time.monotonic() + entries.config.ttl_s + 1  # the entries' own clock, moved past their TTL
     assert engine.sessions.expire() == []  # the session itself is far from its TTL
-    assert len(engine.turn_tier) == 0
+    assert len(entries) == 0
     assert engine.store.get_session("s").status.value == "active"

@@ -15,22 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from chatcache import ConfigError, MemoryConfig, TokenTierConfig
-from chatcache.tiers.residency import ResidentSessions
+from chatcache import ConfigError, MemoryConfig, TokenTierConfig, TurnTierConfig
+from chatcache.engine.memory import ResidentSessions
+from chatcache.storage import SessionStore
+from chatcache.tiers.conversations import Conversations
 
 SYSTEM = "You are a test bot."
 TEXTS = ["Hello there", "Book a table for two", "What about Paris?"]
 
 
 def per_session_sizes(engine) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    """Every structure that holds something per session, by its number of sessions."""
+    """Every structure that holds something per session, by its number of sessions: the
+    sessions' memories (conversation, drift topic, turn-tier entries), and the token tier's KV
+    and heat, which the token tier holds because engines on one model share its budget."""
     return {
-        "conversations": len(engine.conversations._loaded),
-        "drift topics": len(engine.coordinator.drift._topics),
-        "turn tier": len(engine.turn_tier._sessions),
+        "session memories": len(engine.sessions.resident),
         "token tier KV": len(engine.token_tier._sessions),
         "token tier heat": len(engine.token_tier._heat),
-        "tracked": len(engine.sessions.resident),
     }
 
 
@@ -92,7 +93,7 @@ def test_a_session_let_go_of_continues_like_the_uncached_path(make_engine, tiny_
             memory=MemoryConfig(max_sessions_in_memory=2),
         )
         assert converse(engine, turns[:3]) == want[:3]
-        assert "a" not in engine.conversations._loaded and "a" not in engine.token_tier._heat
+        assert engine.sessions.loaded("a") is None and "a" not in engine.token_tier._heat
         restored = engine.chat("a", TEXTS[1], max_new_tokens=10)
         assert restored.stats.tier == tier and restored.token_ids == want[3]
         assert converse(engine, turns[4:]) == want[4:]
@@ -112,9 +113,8 @@ def test_idle_sessions_are_let_go_of_after_the_idle_limit(make_engine, tiny_mode
     engine.chat("b", TEXTS[0], max_new_tokens=4)
     time.sleep(0.6)
     engine.chat("c", TEXTS[1], max_new_tokens=4)
-    assert set(engine.conversations._loaded) == {"c"}
+    assert [memory.key for memory in engine.sessions.resident.sessions()] == ["c"]
     assert set(engine.token_tier._sessions) == set(engine.token_tier._heat) == {"c"}
-    assert set(engine.turn_tier._sessions) == set(engine.coordinator.drift._topics) == {"c"}
     assert engine.token_tier._spill.path("a").is_file()  # let go of, not lost
 
 
@@ -145,11 +145,11 @@ def test_a_session_in_a_turn_in_another_thread_is_not_let_go_of(make_engine, tin
     assert mid_turn.wait(timeout=60)
     for session in ("x", "y", "z"):  # each pushes "busy" past the bound of two
         engine.chat(session, TEXTS[0], max_new_tokens=4)
-        assert "busy" in engine.conversations._loaded
+        assert engine.sessions.loaded("busy") is not None
     others_done.set()
     thread.join(timeout=60)
     assert got == want[:1]
-    assert "x" not in engine.conversations._loaded and "y" not in engine.conversations._loaded
+    assert engine.sessions.loaded("x") is None and engine.sessions.loaded("y") is None
     assert engine.chat("busy", TEXTS[1], max_new_tokens=10).token_ids == want[1]
     assert [m.content for m in engine.store.messages("busy") if m.role.value == "user"] == TEXTS[:2]
 
@@ -159,86 +159,106 @@ def test_a_turn_waiting_for_a_conversation_dropped_meanwhile_takes_the_rebuilt_o
 ) -> None:
     engine = make_engine(tiny_model, system_prompt=SYSTEM)
     engine.chat("s", TEXTS[0], max_new_tokens=4)
-    conversations = engine.conversations
-    stale = conversations.open("s", create=False)
+    sessions = engine.sessions
+    stale = sessions.open("s", create=False)
     held: list[object] = []
     with stale.lock:  # a turn in progress
-        waiter = threading.Thread(target=lambda: held.extend(_hold(conversations)))
+        waiter = threading.Thread(target=lambda: held.extend(_hold(sessions)))
         waiter.start()
-        time.sleep(0.2)  # the waiter has the stale copy and waits for its lock
-        conversations.forget("s")  # dropped (let go of, or after a failed write) while it waits
+        time.sleep(0.2)  # the waiter has the stale memory and waits for its lock
+        sessions.forget("s")  # dropped (let go of, or after a failed write) while it waits
     waiter.join(timeout=30)
-    assert held and held[0] is not stale and held[0] is conversations.open("s", create=False)
+    assert held and held[0] is not stale and held[0] is sessions.open("s", create=False)
 
 
-def _hold(conversations) -> list[object]:  # type: ignore[no-untyped-def]
-    with conversations.hold("s", create=False) as conversation:
-        return [conversation]
+def _hold(sessions) -> list[object]:  # type: ignore[no-untyped-def]
+    with sessions.hold("s", create=False) as memory:
+        return [memory]
 
 
-class Calls:
-    """A fake clock and a record of what ResidentSessions asked for."""
+class Resident:
+    """ResidentSessions on a real session tier, with a fake clock and a count of expiries."""
 
-    def __init__(self, busy: set[str] | None = None) -> None:
+    def __init__(self, tmp_path: Path, **config: float) -> None:
         self.now = 1000.0
-        self.busy = busy or set()
-        self.unloaded: list[str] = []
         self.expiries = 0
-
-    def unload(self, session_id: str) -> bool:
-        if session_id in self.busy:
-            return False
-        self.unloaded.append(session_id)
-        return True
+        store = SessionStore(f"sqlite:///{tmp_path}/sessions.db")
+        self.sessions = ResidentSessions(
+            MemoryConfig(**config),  # type: ignore[arg-type]
+            Conversations(store, "bot", "user", None),
+            TurnTierConfig(),
+            None,
+            self.expire,
+            clock=lambda: self.now,
+        )
 
     def expire(self) -> None:
         self.expiries += 1
 
+    def use(self, *session_ids: str) -> None:
+        for session_id in session_ids:
+            self.sessions.open(session_id, create=True)
 
-def resident(calls: Calls, **config: float) -> ResidentSessions:
-    return ResidentSessions(MemoryConfig(**config), calls.unload, calls.expire, clock=lambda: calls.now)  # type: ignore[arg-type]
-
-
-def test_the_least_recently_used_sessions_go_beyond_the_count() -> None:
-    calls = Calls()
-    sessions = resident(calls, max_sessions_in_memory=2)
-    for session in ("a", "b", "a", "c", "d"):
-        sessions.touch(session)
-    assert calls.unloaded == ["b", "a"] and len(sessions) == 2
+    def held(self) -> list[str]:
+        return [memory.key for memory in self.sessions.sessions()]
 
 
-def test_idle_sessions_go_at_the_next_sweep_only() -> None:
-    calls = Calls()
-    sessions = resident(calls, idle_seconds=60, sweep_every_s=30)
-    sessions.touch("a")
-    calls.now += 50
-    sessions.touch("b")
-    calls.now += 15  # "a" is idle, but the first sweep is not due yet (30 s after start)
-    sessions.touch("b")
-    assert calls.unloaded == []
-    calls.now += 20
-    sessions.touch("c")
-    assert calls.unloaded == ["a"] and len(sessions) == 2
+def test_the_least_recently_used_sessions_go_beyond_the_count(tmp_path: Path) -> None:
+    resident = Resident(tmp_path, max_sessions_in_memory=2)
+    resident.use("a", "b", "a", "c", "d")
+    assert resident.held() == ["c", "d"]
 
 
-def test_a_busy_session_is_kept_and_tried_again() -> None:
-    calls = Calls(busy={"a"})
-    sessions = resident(calls, max_sessions_in_memory=1)
-    sessions.touch("a")
-    sessions.touch("b")  # "a" is in a turn: kept, as if just used
-    assert calls.unloaded == [] and len(sessions) == 2
-    calls.busy.clear()
-    sessions.touch("c")
-    assert calls.unloaded == ["b", "a"] and len(sessions) == 1
+def test_idle_sessions_go_at_the_next_sweep_only(tmp_path: Path) -> None:
+    resident = Resident(tmp_path, idle_seconds=60, sweep_every_s=30)
+    resident.use("a")
+    resident.now += 50
+    resident.use("b")
+    resident.now += 15  # "a" is idle, but the first sweep is not due yet (30 s after start)
+    resident.use("b")
+    assert resident.held() == ["a", "b"]
+    resident.now += 20
+    resident.use("c")
+    assert resident.held() == ["b", "c"]
 
 
-def test_the_session_tier_expires_at_a_bounded_rate() -> None:
-    calls = Calls()
-    sessions = resident(calls, expire_every_s=300)
+def test_a_session_in_a_turn_in_another_thread_is_kept_and_tried_again(tmp_path: Path) -> None:
+    resident = Resident(tmp_path, max_sessions_in_memory=1)
+    in_turn, done = threading.Event(), threading.Event()
+
+    def turn() -> None:
+        with resident.sessions.hold("a", create=True):
+            in_turn.set()
+            done.wait(timeout=30)
+
+    thread = threading.Thread(target=turn)
+    thread.start()
+    assert in_turn.wait(timeout=30)
+    resident.use("b")  # "a" is in a turn: kept, as if just used, so "b" is the oldest now
+    assert resident.held() == ["b", "a"]
+    memory = resident.sessions.loaded("a")
+    done.set()
+    thread.join(timeout=30)
+    resident.use("c")
+    assert resident.held() == ["c"]
+    assert resident.sessions.loaded("a") is None and memory is not None
+
+
+def test_a_caller_kept_conversation_is_let_go_of_like_a_session(tmp_path: Path) -> None:
+    resident = Resident(tmp_path, max_sessions_in_memory=2)
+    with resident.sessions.hold_kv("lc:key"):
+        resident.use("a", "b")  # past the bound, but the key's turn holds it
+    assert len(resident.sessions) == 3  # past the bound: the key in a turn is kept, as if just used
+    resident.use("a", "c")  # the key is now the least recently used
+    assert len(resident.sessions) == 2 and resident.held() == ["a", "c"]
+
+
+def test_the_session_tier_expires_at_a_bounded_rate(tmp_path: Path) -> None:
+    resident = Resident(tmp_path, expire_every_s=300)
     for _ in range(10):
-        sessions.touch("a")
-        calls.now += 60
-    assert calls.expiries == 1  # due once, at 300 s; the next would be at 600 s
+        resident.use("a")
+        resident.now += 60
+    assert resident.expiries == 1  # due once, at 300 s; the next would be at 600 s
 
 
 def test_memory_config_refuses_bad_bounds() -> None:

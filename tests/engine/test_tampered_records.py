@@ -101,7 +101,7 @@ def test_a_window_start_that_is_not_an_even_count_starts_the_window_at_zero(
     with caplog.at_level(logging.WARNING, logger="chatcache"):
         assert len(engines[0].sessions.history("s")) == 4
     assert "context_start" in caplog.text and "starting the window at 0" in caplog.text
-    assert engines[0].conversations.open("s", create=False).context_start == 0
+    assert engines[0].sessions.open("s", create=False).conversation.context_start == 0
     got, want = (engine.chat("s", "What about Paris?", max_new_tokens=6) for engine in engines)
     assert got.token_ids == want.token_ids and got.stats.dropped_turns == 0
     for engine in engines:
@@ -113,7 +113,7 @@ def test_a_window_start_past_the_last_turn_is_clamped_to_it(tiny_model, tmp_path
     recorded_conversation(tiny_model, path)
     set_window_start(path, 10**30)
     with ChatEngine(tiny_model, system_prompt=SYSTEM, store=f"sqlite:///{path}", token_tier=NO_SPILL) as engine:
-        assert engine.conversations.open("s", create=False).context_start == 4
+        assert engine.sessions.open("s", create=False).conversation.context_start == 4
         assert engine.chat("s", "What about Paris?", max_new_tokens=6).stats.dropped_turns == 2
 
 

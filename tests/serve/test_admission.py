@@ -182,7 +182,7 @@ def test_while_saturated_a_turn_that_needs_the_model_is_refused_before_the_engin
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue"
         assert started == [] and http.get("/v1/sessions/s").json()["messages"] == []
         # An exact repeat of a cached question may be served: it goes on to the engine.
-        scope = engine.answers.scope(engine.conversations.open("default/s", create=False), TurnContext(), "What are your opening hours?")
+        scope = engine.answers.scope(engine.sessions.open("default/s", create=False).conversation, TurnContext(), "What are your opening hours?")
         engine.answer_cache.store("What are your opening hours?", "Nine to five.", scope.scope, entropy_bits=0.1, latency_ms=100, embedding=None)
         served = http.post("/v1/sessions/s/messages", json={"content": "What are your opening hours?"})
         assert served.status_code == 200, served.text
@@ -210,9 +210,9 @@ def test_while_saturated_the_door_tells_no_user_what_another_asked(serve, monkey
         fill_queue(live)
         for in_memory in (False, True):
             if in_memory:
-                engine.conversations.open("default/b", create=False)
+                engine.sessions.open("default/b", create=False)
             else:
-                engine.conversations.forget("default/b")
+                engine.sessions.forget("default/b")
             replies = [http.post("/v1/sessions/b/messages", json={"content": text}) for text in (asked, "Something nobody asked")]
             assert [(r.status_code, r.json()["error"]["code"]) for r in replies] == [(429, "queue")] * 2, in_memory
     assert started == []
