@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEFAULT_DATA, BenchRun, bench_arguments
+from bench.common import BenchRun, bench_arguments
 from chatcache.evals.intents import evaluate, parse_arguments
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from pathlib import Path
 
 from transformers import DynamicCache
 
@@ -27,6 +28,7 @@ from .model.generation import Completion, GeneratedToken, generate_tokens, prefi
 from .model.kv import kv_bytes_per_token, new_cache
 from .model.loading import ChatModel
 from .model.prompt import Message, Prompt, PromptRenderer
+from .model.remote import RemoteModel, RemoteRunner
 from .model.scheduler import Request
 from .model.text_stream import TextStream
 from .reply import TurnStats
@@ -207,3 +209,16 @@ def build_token_tier(chat_model: ChatModel, config: TokenTierConfig) -> TokenTie
         spill_identity=(chat_model.identity, PromptRenderer(chat_model.tokenizer).template_hash),
         device=hf_model.device,
     )
+
+
+def runner_for(
+    model: ChatModel | RemoteModel, token_tier: TokenTierConfig | TokenTier | None, system_ids: list[int], spill_dir: Path
+) -> ModelRunner | RemoteRunner:
+    """An engine's way to its model: a local model runs on the token tier's KV (`token_tier`, one
+    shared with other engines, or its settings: by default 1 GiB in memory, cold sessions spilled
+    to `spill_dir`); a remote model's server keeps the KV itself."""
+    if isinstance(model, RemoteModel):
+        return RemoteRunner(model)
+    if not isinstance(token_tier, TokenTier):
+        token_tier = build_token_tier(model, token_tier or TokenTierConfig(spill_dir=spill_dir))
+    return ModelRunner(model, token_tier, system_ids)

@@ -9,9 +9,7 @@ admission control's questions to `admission.py`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message, PromptRenderer
 from ..model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
 from ..model.tools import CallSyntax, ToolChoice
-from ..model_runner import ModelRunner, build_token_tier
+from ..model_runner import ModelRunner, runner_for
 from ..reply import AsyncReplyStream, Reply, ReplyStream
 from ..reply_format import ReplyFormat
 from ..steering.drift import DriftConfig
@@ -43,8 +41,6 @@ from .sessions import Sessions
 from .turns import Admit, TurnPipeline
 
 __all__ = ["Admit", "ChatEngine", "LeastCost", "Sessions", "conversation_key"]
-
-log = logging.getLogger(__name__)
 
 
 class ChatEngine:
@@ -117,15 +113,8 @@ class ChatEngine:
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
         self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)
         system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
-        self.token_tier: TokenTier | None = None  # a remote model's KV is its server's
-        self.runner: ModelRunner | RemoteRunner
-        if isinstance(model, RemoteModel):
-            self.runner = RemoteRunner(model)
-        else:
-            if not isinstance(token_tier, TokenTier):
-                token_tier = build_token_tier(model, token_tier or TokenTierConfig(spill_dir=default_data_dir() / "kv"))
-            self.token_tier = token_tier
-            self.runner = ModelRunner(model, token_tier, system_ids)
+        self.runner = runner_for(model, token_tier, system_ids, default_data_dir() / "kv")
+        self.token_tier = self.runner.token_tier if isinstance(self.runner, ModelRunner) else None  # a remote model's KV is its server's
         self.store = store if isinstance(store, SessionStore) else SessionStore(store) if store else SessionStore.open(default_data_dir())
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
         conversations = Conversations(self.store, bot_name, user_id, self.system_prompt, vocab_size=self.chat_model.vocab_size)
@@ -134,19 +123,11 @@ class ChatEngine:
         if needs_embedder:
             self.embed = embedder if callable(embedder) else sentence_embed(load_embedder(embedder, device=device))
         # The bot's intents are read by the model `chatcache train` stored for exactly its examples, if there is one.
-        self.trained_intents = load_trained(self.bot) if self.bot is not None else None
-        if self.trained_intents is not None:
-            measured = self.trained_intents.info.measured
-            log.info("Intents: read by the model trained on this bot's examples (%s; held-out accuracy %s)", self.trained_intents.info.key, measured.get("accuracy"))
-        elif self.bot is not None:
-            log.info("Intents: read by nearest examples; `chatcache train %s` trains a model on them (more accurate, calibrated)", bot_name)
-        self.coordinator: ContextCoordinator | None = None  # a plain chatbot has nothing to steer
-        if drift or self.bot is not None:
-            assert self.embed is not None
-            drift_config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
-            if drift_config is not None and embedder != "bundled":
-                drift_config = replace(drift_config, model=None)  # the learned model reads the bundled embedder's vectors only
-            self.coordinator = ContextCoordinator(conversations, self.embed, self.bot, drift_config, promote_threshold, self.trained_intents)
+        self.trained_intents = load_trained(self.bot, bot_name) if self.bot is not None else None
+        self.coordinator = (
+            ContextCoordinator.steering(conversations, self.embed, self.bot, drift, embedder == "bundled", promote_threshold, self.trained_intents)
+            if self.embed is not None else None
+        )  # fmt: skip
         self.answer_cache: AnswerCache | None = None
         self.answers: CachedAnswers | None = None
         if answer_cache:

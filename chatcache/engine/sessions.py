@@ -221,6 +221,10 @@ class Sessions:
         """
         return self.resident.hold(session_id, create)
 
+    def hold_kv(self, key: str) -> AbstractContextManager[None]:
+        """The KV key of a conversation the caller keeps, with its lock held (`ResidentSessions.hold_kv`)."""
+        return self.resident.hold_kv(key)
+
     def open(self, session_id: str, create: bool) -> SessionMemory:
         """The session's memory without its lock (a background reader takes it itself).
 

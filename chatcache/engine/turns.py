@@ -176,7 +176,7 @@ class TurnPipeline:
 
     def run_given(self, conversation: Conversation, turn: Turn, holder: list[Reply]) -> Generator[str, None, None]:
         """A turn on a conversation the caller keeps: understand and serve, with nothing to record."""
-        with self.sessions.resident.hold_kv(turn.session_id):  # one turn at a time on the key's KV
+        with self.sessions.hold_kv(turn.session_id):  # one turn at a time on the key's KV
             turn.user_seq = conversation.last_seq + 1
             understood = self.understand(conversation, turn, None)
             turn.context, turn.scope = understood.context, understood.scope

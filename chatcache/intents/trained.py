@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ from ..config import default_data_dir
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
 
 FORMAT = 3
 """The layout of a stored model; a change makes every older key miss instead of misloading."""
@@ -245,7 +248,14 @@ def find_trained(bot: BotDefinition, data_dir: Path | None = None) -> Path | Non
     return directory if (directory / "model.json").is_file() else None
 
 
-def load_trained(bot: BotDefinition) -> TrainedIntentClassifier | None:
-    """The bot's trained intent model when one matches its examples and today's settings, else None."""
+def load_trained(bot: BotDefinition, bot_name: str) -> TrainedIntentClassifier | None:
+    """The bot's trained intent model when one matches its examples and today's settings, else
+    None; either way the log says which reads the bot's intents (`chat`, `ask` and `serve` say
+    so at start), and without a model how to train one."""
     directory = find_trained(bot)
-    return TrainedIntentClassifier(directory, reading=bot.training) if directory is not None else None
+    if directory is None:
+        log.info("Intents: read by nearest examples; `chatcache train %s` trains a model on them (more accurate, calibrated)", bot_name)
+        return None
+    trained = TrainedIntentClassifier(directory, reading=bot.training)
+    log.info("Intents: read by the model trained on this bot's examples (%s; held-out accuracy %s)", trained.info.key, trained.info.measured.get("accuracy"))
+    return trained

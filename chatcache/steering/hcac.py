@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -167,6 +167,27 @@ class ContextCoordinator:
         # The bot's intents are the topics drift is judged against; their examples are embedded once.
         prototypes = nearest.prototypes() if nearest is not None else None
         self.drift = DriftDetector(drift, prototypes) if drift is not None else None
+
+    @classmethod
+    def steering(
+        cls,
+        conversations: Conversations,
+        embed: Embed,
+        bot: BotDefinition | None,
+        drift: bool | DriftConfig,
+        bundled_embedder: bool,
+        promote_threshold: float,
+        reader: IntentReader | None,
+    ) -> ContextCoordinator | None:
+        """The coordinator of an engine with a bot or drift detection; None for a plain chatbot
+        without drift, which has nothing to steer. The learned drift model reads the bundled
+        embedder's similarities only: with another embedder the hand-built rule decides."""
+        if not drift and bot is None:
+            return None
+        config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
+        if config is not None and not bundled_embedder:
+            config = replace(config, model=None)
+        return cls(conversations, embed, bot, config, promote_threshold, reader)
 
     def before_reply(self, memory: SessionMemory, text: str, turn_id: str) -> TurnContext:
         """Read the turn and steer the session's memory (module docstring); what it read."""

@@ -48,14 +48,14 @@ def test_train_refuses_a_bot_that_does_not_exist(tmp_path: Path, capsys: pytest.
 def test_the_engine_reads_intents_with_the_trained_model_only_when_it_matches(  # type: ignore[no-untyped-def]
     bot_file: Path, tiny_model, toy_embed, make_engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="chatcache.engine"):
+    with caplog.at_level(logging.INFO, logger="chatcache.intents.trained"):
         before = make_engine(tiny_model, bot=bot_file, embedder=toy_embed, drift=False)
     assert before.trained_intents is None
     assert "chatcache train toy" in caplog.text
     before.close()
     assert main(["train", str(bot_file)]) == 0
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="chatcache.engine"):
+    with caplog.at_level(logging.INFO, logger="chatcache.intents.trained"):
         after = make_engine(tiny_model, bot=bot_file, embedder=toy_embed, drift=False)
     assert after.trained_intents is not None
     assert "trained on this bot's examples" in caplog.text
