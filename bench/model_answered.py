@@ -40,6 +40,7 @@ false.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import tempfile
@@ -359,6 +360,8 @@ def main() -> None:
                 if name == "prefix_only":  # (b)'s engine writes the model's own reply for (a)'s served turns
                     agreement = compare_uncached(engine, records["all_tiers"], args.checks, args.max_new_tokens)
                     run.section("served_against_model", agreement)
+            del engine
+            gc.collect()  # the engine's KV (up to the budget) goes before the next one fills its own
     run.section("turns", {name: [asdict(r) | {"history": len(r.history)} for r in turns] for name, turns in records.items()})
     plot_path = Path(args.out) / "model_answered.png"
     plot(results, plot_path)
