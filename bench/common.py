@@ -56,13 +56,21 @@ class BenchRun:
         self._save()
         print(f"bench.{self.report['benchmark']}: {key} done at {self._elapsed():.0f} s", file=sys.stderr, flush=True)
 
-    def finish(self, **values: Any) -> dict[str, Any]:
-        """Add `values`, mark the results complete, write them and print them as JSON on stdout."""
-        self.report.update(values)
-        self.report["complete"] = True
+    def finish(self, complete: bool = True, **values: Any) -> dict[str, Any]:
+        """Add `values` at the end, in their order, then `complete`; write the results and print
+        them on stdout as JSON on one line, so that the last line of the output is the result and
+        its last keys are the ones a reader checks.
+
+        Args:
+            complete: False for a run that ended but whose benchmark does not yet measure every
+                figure it is meant to (the missing ones are null and the results say why).
+        """
+        del self.report["complete"]  # it moves to the very end
         self.report["elapsed_s"] = round(self._elapsed(), 1)
+        self.report.update(values)
+        self.report["complete"] = complete
         self._save()
-        print(json.dumps(self.report, indent=2), flush=True)
+        print(json.dumps(self.report), flush=True)
         return self.report
 
     def _elapsed(self) -> float:
