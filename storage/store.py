@@ -610,6 +610,14 @@ class SessionStore:
         now: datetime,
     ) -> Message:
         last = db.scalar(select(func.max(MessageRow.seq)).where(MessageRow.session_id == session_id))
+        if role == Role.USER and not db.scalar(
+            select(func.count()).where(MessageRow.session_id == session_id, MessageRow.role == Role.USER)
+        ):  # the first user message names a session nobody named (a sidebar lists it by its title)
+            db.execute(
+                update(SessionRow)
+                .where(SessionRow.id == session_id, SessionRow.title.is_(None))
+                .values(title=title_of(content) or None)
+            )
         row = MessageRow(
             session_id=session_id,
             seq=(last or 0) + 1,
@@ -696,6 +704,21 @@ class CommittedTurn:
     reply: Message
     session: ChatSession
     facts: list[Fact]
+
+
+def title_of(first_message: str) -> str:
+    """A session's title from its first message: one line, cut at a word near `TITLE_WORDS_AT`
+    characters with an ellipsis, since a list of conversations shows a line each."""
+    line = " ".join(first_message.split())
+    if len(line) <= TITLE_WORDS_AT:
+        return line
+    cut = line[:TITLE_WORDS_AT]
+    if " " in cut[TITLE_WORDS_AT // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+TITLE_WORDS_AT = 48  # what the app's 80-column sidebar and a phone's list show whole
 
 
 def _checked_fact(kind: FactKind | str, name: str, value: str, confidence: float) -> FactKind:
