@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chatcache.serving.app import PAGE_POLICY
-from tests.serve.conftest import KEY_A, KEY_B
+from .conftest import KEY_A, KEY_B
 
 AGENT_A = "key-agent-a-0123456789"
 AGENT_B = "key-agent-b-0123456789"

@@ -84,7 +84,7 @@ async function send(text) {
   scrollDown();
   turn = new AbortController();
   stopButton.hidden = false;
-  let received = "";
+  let received = "", stopped = false;
   try {
     const response = await fetch(sessionPath(sessionId, "/messages"), {
       method: "POST", signal: turn.signal,
@@ -115,17 +115,28 @@ async function send(text) {
       }
     }
   } catch (error) {
-    if (error.name !== "AbortError") showError(error.message);
+    stopped = error.name === "AbortError";
+    if (!stopped) showError(error.message);
   } finally {
     turn = null;
     stopButton.hidden = true;
     reply.removeAttribute("aria-busy");
   }
   try {
-    await sync();  // the record: what was kept of a stopped reply, the title, a handoff
+    await sync();  // the record: the title, a handoff, a person's reply
+    // A stopped reply is recorded once the server notices the request went away, a moment later.
+    for (let tries = 0; stopped && tries < 20 && !repliedLast(); tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 250));
+      await sync();
+    }
   } catch (error) {
     showError(error.message);
   }
+}
+
+function repliedLast() {
+  const last = log.querySelector("article.msg:last-of-type");
+  return last !== null && !last.classList.contains("user");
 }
 
 function stop() {
