@@ -115,9 +115,14 @@ def browser(browsers: Callable[[], WebDriver]) -> WebDriver:
     return browsers()
 
 
-def console_errors(driver: WebDriver) -> list[dict[str, Any]]:
-    """The page's script errors, failed requests and refused content (a CSP violation among them)."""
-    return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+def console_errors(driver: WebDriver, expected: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    """The page's script errors, failed requests and refused content (a CSP violation among
+    them), less the refusals with an `expected` status (a page asked before its key was typed)."""
+    refusals = tuple(f"the server responded with a status of {status}" for status in expected)
+    return [
+        entry for entry in driver.get_log("browser")
+        if entry["level"] == "SEVERE" and not (refusals and any(refusal in entry["message"] for refusal in refusals))
+    ]  # fmt: skip
 
 
 def snapshot(driver: WebDriver, name: str, size: tuple[int, int]) -> None:

@@ -12,7 +12,8 @@ const input = document.getElementById("message");
 const sendButton = document.getElementById("send");
 const stopButton = document.getElementById("stop");
 const figuresButton = document.getElementById("show-figures");
-const key = keyField(document.getElementById("api-key"), "chatcache.key", start);
+const settings = document.getElementById("settings");
+const key = keyField(document.getElementById("api-key"), "chatcache.key", () => { settings.open = false; start(); });
 
 let sessionId = null;
 let shownCount = 0;  // how many of the session's stored messages the log shows
@@ -73,6 +74,10 @@ async function start() {
     sendButton.disabled = false;  // only once the session exists
   } catch (error) {
     showError(error.message);
+    if (error.status === 401) {  // this server needs a key: ask for it where it is typed
+      settings.open = true;
+      document.getElementById("api-key").focus();
+    }
   }
 }
 
