@@ -102,10 +102,17 @@ def test_a_message_streams_its_reply_and_both_come_back_after_a_reload(serve, br
     served = messages[1]["served"]
     assert live_figures.startswith(f"served by {served['tier']}") and f"first token {first_token_ms(served)} ms" in live_figures
 
+    browser.find_element(By.ID, "rename").click()  # a person names it otherwise
+    wait.until(lambda d: d.switch_to.alert).send_keys("Greetings")
+    browser.switch_to.alert.accept()
+    wait.until(lambda d: d.find_element(By.ID, "title").text == "Greetings")
+    with live.client() as client:
+        assert client.get(f"/v1/sessions/{session_id}").json()["title"] == "Greetings"
+
     browser.refresh()
     assert wait.until(session_ready) == session_id
     wait.until(lambda d: len(shown(d)) == 2)
-    assert shown(browser) == live_log
+    assert shown(browser) == live_log and browser.title == "Greetings"
     assert figures(browser)[0].is_displayed()  # the toggle is remembered
     assert console_errors(browser) == []
 

@@ -182,6 +182,16 @@ function showFigures(on) {
 figuresButton.addEventListener("click", () => showFigures(figuresButton.getAttribute("aria-pressed") !== "true"));
 showFigures(localStorage.getItem("chatcache.figures") === "1");
 
+document.getElementById("rename").addEventListener("click", async () => {
+  // An empty name goes back to none; the list of conversations then shows the session's id.
+  const title = prompt("Name this conversation", document.getElementById("title").textContent);
+  if (title === null || !sessionId) return;
+  try {
+    await api(key(), sessionPath(sessionId), { method: "PATCH", body: JSON.stringify({ title: title.trim() || null }) });
+    await sync();
+  } catch (error) { showError(error.message); }
+});
+
 document.getElementById("new-session").addEventListener("click", () => {
   stop();
   localStorage.removeItem("chatcache.session");
