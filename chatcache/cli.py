@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument("--ttft-slo", type=float, default=None, help="refuse (429) requests predicted to wait longer for their first token (seconds)")
     serve.add_argument("--max-queue", type=int, default=None, help="refuse (429) when this many requests wait for the model (default 64)")
-    serve.add_argument("--api-key-file", type=Path, default=None, help="one 'KEY TENANT' per line; then every request needs a key")
+    serve.add_argument("--api-key-file", type=Path, default=None, help="one 'KEY TENANT [ROLE]' per line (ROLE customer, the default, or agent); then every request needs a key")
     serve.add_argument("--rate-limit", type=float, default=None, help="requests per second per API key")
     serve.add_argument("--busy-session", choices=("wait", "reject"), default=None, help="a session's message while its turn runs: wait (default) or 409")
     serve.add_argument("--drain-seconds", type=float, default=None, help="on SIGTERM, how long running turns may take to finish (default 30)")

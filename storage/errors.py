@@ -118,6 +118,15 @@ class LeaseLostError(StorageError):
         self.session_id = session_id
 
 
+class SessionClaimedError(StorageError):
+    """Another person has already claimed this session; `holder` names them."""
+
+    def __init__(self, session_id: str, holder: str) -> None:
+        super().__init__(f"{holder} has already taken over session {session_id!r}")
+        self.session_id = session_id
+        self.holder = holder
+
+
 class CorruptDatabaseError(StorageError):
     """The database file is damaged, or is not a SQLite database at all.
 

@@ -197,12 +197,22 @@ def _add_session_pins(conn: Connection) -> None:
             conn.execute(update(sessions).where(sessions.c.id == session_id).values(state=state, pinned=pinned))
 
 
+def _add_session_claims(conn: Connection) -> None:
+    """Version 6: which person has claimed a handed-off session (None: nobody yet).
+
+    A column rather than a key of the state: the state is the dialogue's, written by whoever
+    runs a turn, while a claim is taken by one compare-and-set UPDATE that replicas share.
+    """
+    conn.execute(text("ALTER TABLE sessions ADD COLUMN claimed_by VARCHAR(64)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create sessions, messages and session facts", _create_tables),
     Migration(2, "create answer cache entries", _create_answer_entries),
     Migration(3, "add turn leases to sessions and reply_to to messages", _add_turn_leases_and_reply_to),
     Migration(4, "create answer cache audits", _create_answer_audits),
     Migration(5, "add pinned to sessions, from the state's flow_active", _add_session_pins),
+    Migration(6, "add claimed_by to sessions", _add_session_claims),
 )
 
 

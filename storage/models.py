@@ -83,6 +83,8 @@ class SessionRow(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Kept from expiring while its state stands (the owner of the state decides; see SessionStore).
     pinned: Mapped[bool] = mapped_column(Boolean)
+    # The person answering the session since it was handed off (SessionStore.claim_session).
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     def record(self) -> ChatSession:
         """Copy this row into a value that outlives the database session."""
@@ -98,6 +100,7 @@ class SessionRow(Base):
             updated_at=self.updated_at,
             expires_at=self.expires_at,
             pinned=self.pinned,
+            claimed_by=self.claimed_by,
         )
 
 

@@ -43,7 +43,8 @@ class ChatSession:
 
     `version` counts writes to `state`; pass it back to `SessionStore.update_state` so a
     concurrent change is detected instead of overwritten. `state` is the caller's, stored as
-    given; `pinned` says the caller, writing it, kept the session from expiring.
+    given; `pinned` says the caller, writing it, kept the session from expiring;
+    `claimed_by` names the person who took the session over once it was handed off.
     """
 
     id: str
@@ -57,6 +58,7 @@ class ChatSession:
     updated_at: datetime
     expires_at: datetime
     pinned: bool = False
+    claimed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

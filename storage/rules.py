@@ -17,6 +17,7 @@ from chatcache.storage.errors import InvalidIdError, InvalidTextError
 
 ID_LENGTH = 128  # the `String(128)` of `sessions.id`, `user_id` and `bot`
 TITLE_LENGTH = 200  # the `String(200)` of `sessions.title`
+AGENT_LENGTH = 64  # the `String(64)` of `sessions.claimed_by`
 
 
 def check_id(what: str, value: object) -> str:

@@ -29,7 +29,9 @@ from chatcache.storage.audits import AnswerAudits
 from chatcache.storage.database import Database, rows_changed
 from chatcache.storage.engine import default_data_dir, sqlite_url
 from chatcache.storage.errors import (
+    InvalidTextError,
     LeaseLostError,
+    SessionClaimedError,
     SessionClosedError,
     SessionExistsError,
     StaleVersionError,
@@ -38,7 +40,7 @@ from chatcache.storage.errors import (
 from chatcache.storage.leases import TurnLeases
 from chatcache.storage.models import FactRow, MessageRow, SessionRow
 from chatcache.storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
-from chatcache.storage.rules import ID_LENGTH, TITLE_LENGTH, check_id, check_text
+from chatcache.storage.rules import AGENT_LENGTH, ID_LENGTH, TITLE_LENGTH, check_id, check_text
 
 DEFAULT_TTL = timedelta(hours=24)
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -263,6 +265,35 @@ class SessionStore:
         if title is not None:
             check_text("session title", title, TITLE_LENGTH)
         return self._set(session_id, title=title)
+
+    def claim_session(self, session_id: str, agent: str) -> ChatSession:
+        """Let `agent` take the session over, unless another person already has.
+
+        One compare-and-set UPDATE, so of two people (on any replicas) claiming at once exactly
+        one wins; claiming again as the holder is a no-op. Not activity: order and expiry stay.
+
+        Raises:
+            SessionClaimedError: another person holds the session; `holder` names them.
+            UnknownSessionError: No session has this id.
+            InvalidTextError: `agent` is empty, over 64 characters or not storable.
+        """
+        check_id("session id", session_id)
+        check_text("agent name", agent, AGENT_LENGTH)
+        if not agent.strip():
+            raise InvalidTextError("agent name", "is empty")
+        free = (SessionRow.claimed_by.is_(None)) | (SessionRow.claimed_by == agent)
+        with self._db.transaction() as db:
+            changed = rows_changed(
+                db, update(SessionRow).where(SessionRow.id == session_id, free).values(claimed_by=agent)
+            )
+            row = self._require(db, session_id)
+            if changed == 0:
+                raise SessionClaimedError(session_id, row.claimed_by or "")
+            return row.record()
+
+    def release_claim(self, session_id: str) -> ChatSession:
+        """Clear whoever claimed the session (it went back to the bot)."""
+        return self._set(session_id, claimed_by=None)
 
     def end_session(self, session_id: str) -> ChatSession:
         """Mark the session ended; its history stays readable but no longer accepts writes."""
@@ -579,6 +610,14 @@ class SessionStore:
         now: datetime,
     ) -> Message:
         last = db.scalar(select(func.max(MessageRow.seq)).where(MessageRow.session_id == session_id))
+        if role == Role.USER and not db.scalar(
+            select(func.count()).where(MessageRow.session_id == session_id, MessageRow.role == Role.USER)
+        ):  # the first user message names a session nobody named (a sidebar lists it by its title)
+            db.execute(
+                update(SessionRow)
+                .where(SessionRow.id == session_id, SessionRow.title.is_(None))
+                .values(title=title_of(content) or None)
+            )
         row = MessageRow(
             session_id=session_id,
             seq=(last or 0) + 1,
@@ -665,6 +704,21 @@ class CommittedTurn:
     reply: Message
     session: ChatSession
     facts: list[Fact]
+
+
+def title_of(first_message: str) -> str:
+    """A session's title from its first message: one line, cut at a word near `TITLE_WORDS_AT`
+    characters with an ellipsis, since a list of conversations shows a line each."""
+    line = " ".join(first_message.split())
+    if len(line) <= TITLE_WORDS_AT:
+        return line
+    cut = line[:TITLE_WORDS_AT]
+    if " " in cut[TITLE_WORDS_AT // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+TITLE_WORDS_AT = 48  # what the app's 80-column sidebar and a phone's list show whole
 
 
 def _checked_fact(kind: FactKind | str, name: str, value: str, confidence: float) -> FactKind:

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from chatcache import ChatModel, Embed
 from chatcache.dialog import State
-from chatcache.storage import ChatSession, StorageError
+from chatcache.storage import ChatSession, SessionClaimedError, SessionStore, StorageError
 
 from ..engine import ChatEngine, Sessions, conversation_key
 from ..errors import ChatCacheError, InvalidMessageError
@@ -233,23 +233,78 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         least = engine.admission.least_cost(body.content, stored, options["max_new_tokens"])
         return await answer_turn(s, start, cache_may_serve, least, body, s.hold_session(stored), session_id, engine.answer_cache_bound, before_start=exists)
 
+    @app.patch("/v1/sessions/{session_id}")
+    async def rename_session(session_id: str, body: schemas.SessionRename, authorization: str | None = Header(None)) -> dict[str, Any]:
+        """Give a session a title (or null: none), as the app's rename does."""
+        def rename(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
+            return _session_summary(tenant, engine.sessions.rename(stored, body.title))
+
+        return await on_session(authorization, session_id, rename)
+
+    # -- a person's side of a handed-off session: only an agent's key ---------------------
+
+    async def as_agent(authorization: str | None, session_id: str, call: Callable[[ChatEngine, SessionStore, str, str], dict[str, Any]]) -> dict[str, Any]:
+        """Run `call(engine, store, stored id, tenant)` for an agent's key (403 for a customer's), off the event loop."""
+        s = server()
+        tenant = s.authenticate_agent(authorization)
+        stored = _stored(tenant, session_id)
+        engine = s.tenants(tenant)
+        result: dict[str, Any] = await asyncio.to_thread(_guarded, lambda: call(engine, s.tenants.store, stored, tenant))
+        return result
+
+    @app.get("/v1/agent/queue")
+    async def agent_queue(authorization: str | None = Header(None)) -> dict[str, Any]:
+        """The tenant's handed-off sessions, the most recently active first, each with the
+        summary a person reads before taking it over and who has claimed it."""
+        s = server()
+        tenant = s.authenticate_agent(authorization)
+        store = s.tenants.store
+
+        def queue() -> dict[str, Any]:
+            rows = []
+            for session in s.tenants(tenant).sessions.all():
+                summary = _session_summary(tenant, session)
+                if summary["handed_off"]:
+                    summary["handoff_summary"] = Sessions.handoff_summary(store.messages(session.id), store.facts(session.id))
+                    rows.append(summary)
+            return {"object": "list", "data": rows}
+
+        return await asyncio.to_thread(_guarded, queue)
+
+    @app.post("/v1/sessions/{session_id}/claim")
+    async def claim(session_id: str, body: schemas.AgentClaim, authorization: str | None = Header(None)) -> dict[str, Any]:
+        """A person takes a handed-off session over; a second one is told who has it (409)."""
+        def take(engine: ChatEngine, store: SessionStore, stored: str, tenant: str) -> dict[str, Any]:
+            if Sessions.dialogue_state(store.get_session(stored)) != State.HANDED_OFF:
+                raise ApiError(400, "This session is not handed off to a person; the bot answers it.", "invalid_request_error", "not_handed_off")
+            return _session_summary(tenant, store.claim_session(stored, body.agent))
+
+        return await as_agent(authorization, session_id, take)
+
     @app.post("/v1/sessions/{session_id}/agent", status_code=201)
     async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:
-        """A person's reply in a session the bot handed off to them."""
-        def reply(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
-            engine.sessions.agent_reply(stored, body.content, body.agent)
+        """A person's reply in a session the bot handed off to them; replying claims the
+        session, so a person who has not claimed it cannot answer over the one who has."""
+        def reply(engine: ChatEngine, store: SessionStore, stored: str, tenant: str) -> dict[str, Any]:
+            if Sessions.dialogue_state(store.get_session(stored)) == State.HANDED_OFF:
+                store.claim_session(stored, body.agent)
+            engine.sessions.agent_reply(stored, body.content, body.agent)  # refuses a session not handed off
             return {"session_id": session_id, "role": "assistant", "content": body.content, "agent": body.agent}
 
-        return await on_session(authorization, session_id, reply)
+        return await as_agent(authorization, session_id, reply)
 
     @app.post("/v1/sessions/{session_id}/hand-back")
-    async def hand_back(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
-        """The person hands the session back to the bot."""
-        def back(engine: ChatEngine, stored: str, tenant: str) -> dict[str, Any]:
+    async def hand_back(session_id: str, body: schemas.AgentClaim, authorization: str | None = Header(None)) -> dict[str, Any]:
+        """The person who has the session hands it back to the bot, and the claim goes."""
+        def back(engine: ChatEngine, store: SessionStore, stored: str, tenant: str) -> dict[str, Any]:
+            holder = store.get_session(stored).claimed_by
+            if holder is not None and holder != body.agent:
+                raise api_error(SessionClaimedError(session_id, holder))
             engine.sessions.hand_back(stored)
+            store.release_claim(stored)
             return _session_summary(tenant, engine.sessions.get(stored))
 
-        return await on_session(authorization, session_id, back)
+        return await as_agent(authorization, session_id, back)
 
     @app.delete("/v1/sessions/{session_id}")
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
@@ -261,9 +316,38 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
 
     @app.get("/", response_class=HTMLResponse)
     async def chat_page() -> HTMLResponse:
-        return HTMLResponse(resources.files("chatcache.serving").joinpath("static/chat.html").read_text(encoding="utf-8"))
+        return _page("chat.html")
+
+    @app.get("/agent", response_class=HTMLResponse)
+    async def agent_console() -> HTMLResponse:
+        """The agents' console; the page is public, what it shows needs an agent's key."""
+        return _page("agent.html")
+
+    @app.get("/static/{name}")
+    async def static_file(name: str) -> Response:
+        """The pages' shared script and style sheet; only the files listed in `STATIC` exist."""
+        if name not in STATIC:
+            raise ApiError(404, "No such file.", "not_found_error", None)
+        return Response(_static(name), media_type=STATIC[name])
 
     return app
+
+
+_JS, _CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
+STATIC = {"chat.css": _CSS, "markdown.js": _JS, "common.js": _JS, "chat.js": _JS, "agent.js": _JS}
+"""The files under /static/: a fixed list, so no path a client sends reaches the file system."""
+
+# What the pages may load: their own scripts and styles, nothing inline, no other origin. A
+# message that got past the Markdown renderer as markup still could not run a script.
+PAGE_POLICY = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+
+
+def _static(name: str) -> str:
+    return resources.files("chatcache.serving").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _page(name: str) -> HTMLResponse:
+    return HTMLResponse(_static(name), headers={"Content-Security-Policy": PAGE_POLICY, "X-Content-Type-Options": "nosniff"})
 
 
 def freeze_startup_objects() -> None:
@@ -305,6 +389,7 @@ def _session_summary(tenant: str, session: ChatSession) -> dict[str, Any]:
         "status": session.status.value,
         "dialogue_state": state.value if state is not None else None,
         "handed_off": state == State.HANDED_OFF,
+        "claimed_by": session.claimed_by,
         "created_at": session.created_at.isoformat(),
         "updated_at": session.updated_at.isoformat(),
     }

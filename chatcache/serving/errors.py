@@ -10,6 +10,7 @@ from chatcache.storage import (
     InvalidTextError,
     LeaseLostError,
     SessionBusyError,
+    SessionClaimedError,
     SessionClosedError,
     SessionExistsError,
     StaleVersionError,
@@ -43,6 +44,8 @@ def api_error(error: BaseException) -> ApiError:
         return ApiError(429, f"{error} Retry after {retry} s.", "rate_limit_exceeded", error.reason, {"Retry-After": retry})
     if isinstance(error, UnknownSessionError):
         return ApiError(404, "No such session.", "not_found_error", "session_not_found")
+    if isinstance(error, SessionClaimedError):
+        return ApiError(409, f"{error.holder} has already taken over this conversation.", "conflict_error", "session_claimed")
     if isinstance(error, SessionClosedError):
         return ApiError(409, "This session has ended; start a new one.", "conflict_error", "session_ended")
     if isinstance(error, (SessionExistsError, SessionBusyError)):

@@ -1,8 +1,10 @@
-"""API keys, the tenants they belong to, and each key's request rate.
+"""API keys, the tenants they belong to, their roles, and each key's request rate.
 
-A tenant is whose data a request may touch: its sessions and its answer-cache entries. Keys
-are compared in constant time, so response timing says nothing about how much of a guess was
-right.
+A tenant is whose data a request may touch: its sessions and its answer-cache entries. A
+key's role says which side of a conversation it speaks for: `customer` (the default) talks
+to the bot; `agent` is a person who takes over handed-off conversations, and only an agent's
+key may claim one, answer in it or hand it back. Keys are compared in constant time, so
+response timing says nothing about how much of a guess was right.
 """
 
 from __future__ import annotations
@@ -18,58 +20,77 @@ TENANT = re.compile(r"[A-Za-z0-9_-]{1,32}")
 """A tenant name: it prefixes the tenant's session ids in the database, so it has no separator."""
 
 DEFAULT_TENANT = "default"  # every request's tenant when no keys are configured
+CUSTOMER, AGENT = "customer", "agent"
+ROLES = (CUSTOMER, AGENT)
 
 
 class KeyFileError(ValueError):
-    """A key file or `CHATCACHE_API_KEYS` line that is not `KEY TENANT`."""
+    """A key file or `CHATCACHE_API_KEYS` line that is not `KEY TENANT [ROLE]`."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request comes from: its key's tenant and role."""
+
+    tenant: str
+    role: str
+
+
+OPEN_CALLER = Caller(DEFAULT_TENANT, AGENT)
+"""Everyone on a server without keys: with nobody told apart there is nobody to refuse, so the
+one open tenant may do everything (a deployment with agents configures keys)."""
 
 
 @dataclass
 class ApiKeys:
     """The configured keys; none configured means an open server with one tenant."""
 
-    _tenants: dict[str, str] = field(default_factory=dict)
+    _callers: dict[str, Caller] = field(default_factory=dict)
 
     def add_lines(self, lines: Iterable[str], source: str) -> None:
-        """Add `KEY TENANT` lines; blank lines and `#` comments are skipped.
+        """Add `KEY TENANT [ROLE]` lines (ROLE `customer`, the default, or `agent`); blank
+        lines and `#` comments are skipped.
 
         Raises:
-            KeyFileError: a line with another shape, a bad tenant name, or a key given twice.
+            KeyFileError: a line with another shape, a bad tenant name or role, or a key given twice.
         """
         for number, line in enumerate(lines, 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
             parts = line.split()
-            if len(parts) != 2:
-                raise KeyFileError(f"{source}, line {number}: expected 'KEY TENANT', got {len(parts)} fields")
-            key, tenant = parts
+            if len(parts) not in (2, 3):
+                raise KeyFileError(f"{source}, line {number}: expected 'KEY TENANT [ROLE]', got {len(parts)} fields")
+            key, tenant, role = parts if len(parts) == 3 else (*parts, CUSTOMER)
             if len(key) < 16:
                 raise KeyFileError(f"{source}, line {number}: a key must be at least 16 characters")
             if not TENANT.fullmatch(tenant):
                 raise KeyFileError(f"{source}, line {number}: tenant {tenant!r} must be 1-32 of A-Z a-z 0-9 _ -")
-            if key in self._tenants:
+            if role not in ROLES:
+                raise KeyFileError(f"{source}, line {number}: role {role!r} must be one of {', '.join(ROLES)}")
+            if key in self._callers:
                 raise KeyFileError(f"{source}, line {number}: this key is already given")
-            self._tenants[key] = tenant
+            self._callers[key] = Caller(tenant, role)
 
     @property
     def required(self) -> bool:
-        return bool(self._tenants)
+        return bool(self._callers)
 
     @property
     def tenants(self) -> set[str]:
-        return set(self._tenants.values()) or {DEFAULT_TENANT}
+        return {caller.tenant for caller in self._callers.values()} or {DEFAULT_TENANT}
 
-    def tenant_of(self, key: str | None) -> str | None:
-        """The key's tenant; None for a missing or unknown key. Without keys, everyone's the default tenant."""
-        if not self._tenants:
-            return DEFAULT_TENANT
+    def caller_of(self, key: str | None) -> Caller | None:
+        """The key's tenant and role; None for a missing or unknown key. Without keys, everyone
+        is `OPEN_CALLER`."""
+        if not self._callers:
+            return OPEN_CALLER
         if not key:
             return None
         found = None
-        for known, tenant in self._tenants.items():  # every key compared: the time does not depend on which matched
+        for known, caller in self._callers.items():  # every key compared: the time does not depend on which matched
             if hmac.compare_digest(known.encode(), key.encode()):
-                found = tenant
+                found = caller
         return found
 
 

@@ -249,13 +249,26 @@ class SessionMessage(Generation):
     content: str = Field(min_length=1)
 
 
-class AgentMessage(BaseModel):
-    """`POST /v1/sessions/{id}/agent`: a person's reply in a session handed off to them."""
+class SessionRename(BaseModel):
+    """`PATCH /v1/sessions/{id}`: a new title, or null to go back to none."""
 
     model_config = ConfigDict(extra="forbid")
 
+    title: str | None = Field(max_length=200)
+
+
+class AgentClaim(BaseModel):
+    """`POST /v1/sessions/{id}/claim` and `/hand-back`: the person taking over or giving back a session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(min_length=1, max_length=64)  # the `String(64)` of the session's `claimed_by`
+
+
+class AgentMessage(AgentClaim):
+    """`POST /v1/sessions/{id}/agent`: a person's reply in a session handed off to them."""
+
     content: str = Field(min_length=1)
-    agent: str = Field(min_length=1, max_length=128)
 
 
 def completion_id() -> str:

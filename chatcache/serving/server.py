@@ -19,7 +19,7 @@ from ..config import TokenTierConfig, default_data_dir
 from ..engine import ChatEngine
 from .admission import AdmissionControl, Overloaded
 from .errors import ApiError, api_error
-from .keys import ApiKeys, TokenBucket
+from .keys import AGENT, ApiKeys, Caller, TokenBucket
 from .metrics import ServerMetrics
 from .settings import ServeSettings
 from .tenants import TenantEngines
@@ -49,16 +49,32 @@ class Server:
 
     def authenticate(self, authorization: str | None) -> str:
         """The request's tenant, after its rate token was taken."""
+        return self.caller(authorization).tenant
+
+    def authenticate_agent(self, authorization: str | None) -> str:
+        """The tenant of a request only a person answering handed-off sessions may make.
+
+        Raises:
+            ApiError: 401 without a valid key, 403 for a customer's key.
+        """
+        caller = self.caller(authorization)
+        if caller.role != AGENT:
+            self.metrics.rejections.labels("role").inc()
+            raise ApiError(403, "This needs an agent's API key; a customer's key cannot take over conversations.", "permission_error", "agent_role_required")
+        return caller.tenant
+
+    def caller(self, authorization: str | None) -> Caller:
+        """The request's tenant and role, after its rate token was taken."""
         key = authorization.removeprefix("Bearer ").strip() if authorization else None
-        tenant = self.keys.tenant_of(key)
-        if tenant is None:
+        caller = self.keys.caller_of(key)
+        if caller is None:
             self.metrics.rejections.labels("auth").inc()
             raise ApiError(401, "A valid API key is required: send 'Authorization: Bearer KEY'.", "authentication_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-        limiter_key = key or tenant
+        limiter_key = key or caller.tenant
         if self.bucket is not None and (wait := self.bucket.take(limiter_key)) > 0:
             self.metrics.rejections.labels("rate").inc()
             raise api_error(Overloaded("rate", wait, "This key is over its request rate."))
-        return tenant
+        return caller
 
     def hold_session(self, stored: str) -> Callable[[], None]:
         """Under the `reject` policy, claim the session for one turn (409 while another runs)."""

@@ -34,7 +34,7 @@ class ServeSettings(BaseSettings):
         system_prompt: the bot's instructions (default: the bot's, or a generic one).
         ttft_slo: refuse (429) a request predicted to wait longer than this for its first token.
         max_queue: refuse (429) a request when this many are admitted and waiting for their first token.
-        api_key_file: one `KEY TENANT` per line; with keys (here or in `api_keys`) every request needs one.
+        api_key_file: one `KEY TENANT [ROLE]` per line (ROLE `customer`, the default, or `agent`); with keys (here or in `api_keys`) every request needs one.
         api_keys: the same lines in the environment (`CHATCACHE_API_KEYS`), separated by `;` or newlines.
         rate_limit: requests per second each API key may send (a token bucket); none for no limit.
         rate_burst: requests a key may send at once before its rate applies.

@@ -36,7 +36,7 @@ async def test_export_writes_markdown_and_json(engine, make_app, settle, tmp_pat
         await pilot.press("enter")
         await pilot.pause()
     markdown = (target / "s-1.md").read_text()
-    assert markdown.startswith("# s-1") and "**You:**\n\nhello" in markdown
+    assert markdown.startswith("# hello\n") and "Session `s-1`" in markdown and "**You:**\n\nhello" in markdown  # titled by its first message
     data = json.loads((target / "s-1.json").read_text())
     assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
     assert data["messages"][0]["content"] == "hello" and data["messages"][1]["meta"]["tier"] == "prefix"

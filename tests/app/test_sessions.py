@@ -117,7 +117,8 @@ async def test_a_restarted_app_lists_every_session_with_history_and_reuses_cache
 
 
 async def test_a_title_too_long_to_store_is_refused_with_a_notice(engine, make_app, settle, notices) -> None:  # type: ignore[no-untyped-def]
-    """A 201-character title: a warning that names the limit, and the session keeps its old name."""
+    """A 201-character title: a warning that names the limit, and the session keeps its old name
+    (its first message, "hello")."""
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
         seen = notices(app)
@@ -128,8 +129,8 @@ async def test_a_title_too_long_to_store_is_refused_with_a_notice(engine, make_a
         await pilot.press(*("t" * 201), "enter")
         await pilot.pause()
         assert seen == [("session title is 201 characters long, over the limit of 200; nothing was written", "warning")]
-        assert engine.store.get_session("s-1").title is None
-        assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "s-1"
+        assert engine.store.get_session("s-1").title == "hello"
+        assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "hello"
 
 
 async def test_a_new_start_does_not_open_another_process_s_half_finished_session(  # type: ignore[no-untyped-def]
@@ -171,7 +172,8 @@ async def test_sessions_of_scripts_stay_out_of_the_app(tiny_model, make_engine, 
 
 async def test_a_handed_off_session_is_marked_and_its_silent_turns_say_why(tiny_model, make_engine, make_app, settle, notices, toy_embed, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The handoff queue at a glance: "[agent]" leads the label of a session a person has taken
-    over, and a message the bot no longer answers says it waits for that person."""
+    over, named by its first message, and a message the bot no longer answers says it waits for
+    that person."""
     bot = tmp_path / "desk.yaml"
     bot.write_text(
         "system_prompt: You are a help desk.\n"
@@ -185,7 +187,7 @@ async def test_a_handed_off_session_is_marked_and_its_silent_turns_say_why(tiny_
         await pilot.press(*"I want to talk to a human", "enter")
         await settle(pilot)
         sidebar = app.query_one(SessionList)
-        assert str(sidebar.get_option_at_index(0).prompt) == "[agent] s-1"
+        assert str(sidebar.get_option_at_index(0).prompt) == "[agent] I want to talk to a human"
         await pilot.press(*"hello?", "enter")
         await settle(pilot)
         replies = [m for m in app.query(ChatMessage) if m.role == "assistant"]

@@ -31,8 +31,9 @@ def test_a_handed_off_session_waits_for_a_person_who_answers_and_hands_it_back(s
         last = http.get("/v1/sessions/c").json()["messages"][-1]
         assert (last["role"], last["content"], last["agent"], last["served"]["tier"]) == ("assistant", "I have blocked your card.", "sam", "agent")
         assert turn(http, "c", "Thank you!")["choices"][0]["message"]["content"] == ""  # still with the person
-        back = http.post("/v1/sessions/c/hand-back")
-        assert back.status_code == 200 and back.json()["handed_off"] is False
+        assert http.get("/v1/sessions/c").json()["claimed_by"] == "sam"  # replying claimed it
+        back = http.post("/v1/sessions/c/hand-back", json={"agent": "sam"})
+        assert back.status_code == 200 and back.json()["handed_off"] is False and back.json()["claimed_by"] is None
         bot_again = turn(http, "c", "What are your opening hours on Sunday?")
         assert bot_again["chatcache"]["tier"] not in ("agent",) and bot_again["chatcache"]["handed_off"] is False
         roles = [(m["role"], m.get("agent")) for m in http.get("/v1/sessions/c").json()["messages"]]
@@ -49,6 +50,7 @@ def test_only_a_handed_off_session_takes_a_persons_reply(serve) -> None:  # type
         turn(http, "c", "Hello there")
         refused = http.post("/v1/sessions/c/agent", json={"content": "Hi, Sam here", "agent": "sam"})
         assert refused.status_code == 400 and "not handed off" in refused.json()["error"]["message"]
-        assert http.post("/v1/sessions/c/hand-back").status_code == 400
+        assert http.post("/v1/sessions/c/hand-back", json={"agent": "sam"}).status_code == 400
+        assert http.post("/v1/sessions/c/claim", json={"agent": "sam"}).status_code == 400
         assert http.post("/v1/sessions/nope/agent", json={"content": "Hi", "agent": "sam"}).status_code == 404
         assert len(http.get("/v1/sessions/c").json()["messages"]) == 2

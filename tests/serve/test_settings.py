@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from chatcache.cli import main
 from chatcache.serving import ServeSettings
-from chatcache.serving.keys import DEFAULT_TENANT, KeyFileError, TokenBucket
+from chatcache.serving.keys import OPEN_CALLER, Caller, KeyFileError, TokenBucket
 
 
 def test_flags_override_the_environment_which_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,12 +31,12 @@ def test_a_bad_setting_in_the_file_names_itself(tmp_path: Path, text: str, field
 def test_key_lines_map_keys_to_tenants_and_bad_lines_say_where(tmp_path: Path) -> None:
     keys = ServeSettings(api_keys="key-for-acme-0000001 acme;key-for-globex-00001 globex").keys()
     assert keys.required and keys.tenants == {"acme", "globex"}
-    assert keys.tenant_of("key-for-acme-0000001") == "acme"
-    assert keys.tenant_of("key-for-acme-0000002") is None and keys.tenant_of(None) is None
-    assert ServeSettings().keys().tenant_of(None) == DEFAULT_TENANT  # no keys: one open tenant
+    assert keys.caller_of("key-for-acme-0000001") == Caller("acme", "customer")
+    assert keys.caller_of("key-for-acme-0000002") is None and keys.caller_of(None) is None
+    assert ServeSettings().keys().caller_of(None) == OPEN_CALLER  # no keys: one open tenant, whose callers may also act as agents
     path = tmp_path / "keys.txt"
     for text, problem in (
-        ("# comment\nkey-for-acme-0000001 acme extra\n", "line 2: expected 'KEY TENANT'"),
+        ("# comment\nkey-for-acme-0000001 acme agent extra\n", "line 2: expected 'KEY TENANT \\[ROLE\\]'"),
         ("short acme\n", "at least 16"),
         ("key-for-acme-0000001 acme/evil\n", "tenant 'acme/evil'"),
         ("key-for-acme-0000001 a\nkey-for-acme-0000001 b\n", "line 2: this key is already given"),
