@@ -40,9 +40,11 @@ def test_many_sessions_keep_every_per_session_structure_within_the_bound(  # typ
 ) -> None:
     """120 sessions under a bound of 20. Past the bound, Python memory stops growing: traced
     with tracemalloc from session 40 (so that by session 60 the sessions in memory are all
-    traced ones), the last 60 sessions add under 64 KiB (measured: about 20 KiB), where without
-    the bound they add about 0.6 MiB (conversations, drift topics, turn-tier entries, heat)
-    besides their KV. The spill store's remembered ids have a bound in bytes (tested with the
+    traced ones), the last 60 sessions add under 192 KiB (measured: about 20 KiB alone, 70 KiB
+    after the server's browser tests, whose snapshot diff showed only objects alive at that
+    instant, spread over SQLAlchemy cursors, tensors of the step in flight and a spill being
+    written, none above 4 KiB), where without the bound they add about 0.6 MiB (conversations,
+    drift topics, turn-tier entries, heat) besides their KV. The spill store's remembered ids have a bound in bytes (tested with the
     spill store), set here to what a few sessions take, so that it too is reached by session 60."""
     from chatcache.tiers import kv_spill
 
@@ -71,7 +73,7 @@ def test_many_sessions_keep_every_per_session_structure_within_the_bound(  # typ
     finally:
         tracemalloc.stop()
     assert min(per_session_sizes(engine).values()) == bound  # every structure did hold sessions
-    assert traced[sessions - 1] - traced[3 * bound] < 64 << 10, traced
+    assert traced[sessions - 1] - traced[3 * bound] < 192 << 10, traced
     assert kv[sessions - 1] <= kv[3 * bound] * 1.1, kv
     assert len(engine.sessions.all()) == sessions  # nothing was ended: the session tier keeps them all
 
