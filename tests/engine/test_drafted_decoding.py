@@ -158,3 +158,24 @@ def test_a_reply_cancelled_mid_draft_hands_back_the_kv_of_what_it_fed(tiny_model
     assert len(picked) < len(plain)  # it stopped early
     assert cache.get_seq_length() == len(prompt) + len(picked) - 1
     _assert_kv_is_recomputed(model, request, prompt + picked[:-1])
+
+
+def test_a_turn_reports_its_drafted_and_accepted_tokens_and_replies_as_without_drafts(tiny_model, make_engine) -> None:  # type: ignore[no-untyped-def]
+    """Through the engine: greedy turns draft from their prompt (the stats say how much) and reply
+    as the same engine does with drafting off; a sampled turn drafts nothing."""
+    from chatcache import ChatModel
+
+    conversation = ["the cat sat on the mat and the cat sat on the hat", "the cat sat on the mat?", "and the hat?"]
+    replies: dict[int, list[list[int]]] = {}
+    for draft_tokens in (0, 4):
+        model = ChatModel(tiny_model.name, tiny_model.model, tiny_model.tokenizer, tiny_model.identity)
+        model.scheduler.draft_tokens = draft_tokens
+        engine = make_engine(model, system_prompt="You are a test bot. The cat sat on the mat.")
+        turns = [engine.chat("s", text, max_new_tokens=16) for text in conversation]
+        replies[draft_tokens] = [turn.token_ids for turn in turns]
+        for turn in turns:
+            assert 0 <= turn.stats.accepted_tokens <= turn.stats.drafted_tokens
+        assert (sum(turn.stats.drafted_tokens for turn in turns) > 0) == (draft_tokens > 0)
+        assert engine.chat("t", conversation[0], max_new_tokens=8, temperature=0.8, seed=1).stats.drafted_tokens == 0
+        model.close()
+    assert replies[4] == replies[0]
