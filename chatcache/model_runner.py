@@ -3,9 +3,10 @@
 `stream` is a turn's only path to the model. It checks the session's KV out of the token
 tier (cropped to what the prompt shares with it), hands the rest of the prompt to the
 scheduler (which batches the decodes of every running turn), streams the reply, and checks
-the KV back in covering everything the model has seen. A greedy reply is drafted from its own
-prompt (prompt lookup, `model.drafts`): the scheduler checks the drafted tokens in the forward
-pass it runs anyway and keeps those the model would have written. `complete` answers a prompt off the
+the KV back in covering everything the model has seen. A greedy reply may be drafted from its own
+prompt (prompt lookup, `model.drafts`) when the scheduler drafts (`Scheduler.draft_tokens`, off
+by default): it checks the drafted tokens in the forward pass it runs anyway and keeps those the
+model would have written. `complete` answers a prompt off the
 record, for answer-cache audits and prefetching, through the same scheduler; `decode_batches`
 runs a warm-up's batches on it, so its step costs are measured before the first turn. A model
 whose cache cannot be batched (sliding-window or linear-attention layers) decodes in the
