@@ -3,7 +3,10 @@
 `stream` is a turn's only path to the model. It checks the session's KV out of the token
 tier (cropped to what the prompt shares with it), hands the rest of the prompt to the
 scheduler (which batches the decodes of every running turn), streams the reply, and checks
-the KV back in covering everything the model has seen. `complete` answers a prompt off the
+the KV back in covering everything the model has seen. A greedy reply may be drafted from its own
+prompt (prompt lookup, `model.drafts`) when the scheduler drafts (`Scheduler.draft_tokens`, off
+by default): it checks the drafted tokens in the forward pass it runs anyway and keeps those the
+model would have written. `complete` answers a prompt off the
 record, for answer-cache audits and prefetching, through the same scheduler; `decode_batches`
 runs a warm-up's batches on it, so its step costs are measured before the first turn. A model
 whose cache cannot be batched (sliding-window or linear-attention layers) decodes in the
@@ -23,6 +26,7 @@ from transformers import DynamicCache
 
 from .config import GenerationConfig, TokenTierConfig
 from .model import kv
+from .model.drafts import DraftSource
 from .model.format_matcher import ReplyFormats
 from .model.generation import Completion, GeneratedToken, generate_tokens, prefill
 from .model.kv import kv_bytes_per_token, new_cache
@@ -58,12 +62,13 @@ class ModelRunner:
         self.eos_ids = eos_token_ids(chat_model)
         self.reply_formats = ReplyFormats(chat_model.tokenizer, self.eos_ids)
 
-    def _start(self, cache: DynamicCache, new_ids: list[int], params: GenerationConfig) -> Request | Iterator[GeneratedToken]:
-        """The reply's tokens: a scheduled request, or for an unbatchable cache the plain decoding loop."""
+    def _start(self, cache: DynamicCache, prompt: list[int], reused: int, params: GenerationConfig) -> Request | Iterator[GeneratedToken]:
+        """The reply to `prompt`, of which `cache` holds the first `reused` tokens: a scheduled
+        request, or for an unbatchable cache the plain decoding loop."""
         matcher = self.reply_formats.matcher(params.reply_format) if params.reply_format is not None else None
         if kv.is_croppable(cache):
-            return self.chat_model.scheduler.submit(cache, new_ids, params, self.eos_ids, matcher)
-        return generate_tokens(self.chat_model.model, cache, new_ids, params, self.eos_ids, matcher)
+            return self.chat_model.scheduler.submit(cache, prompt[reused:], params, self.eos_ids, matcher, DraftSource(prompt))
+        return generate_tokens(self.chat_model.model, cache, prompt[reused:], params, self.eos_ids, matcher)
 
     @staticmethod
     def _stop(tokens: Request | Iterator[GeneratedToken], cache: DynamicCache) -> DynamicCache:
@@ -96,7 +101,7 @@ class ModelRunner:
         entropies: list[float] = []
         text_stream = TextStream(self.chat_model.tokenizer, params.stop)
         stats.finish_reason = "cancelled"
-        tokens = self._start(checkout.cache, prompt[checkout.reused :], params)
+        tokens = self._start(checkout.cache, prompt, checkout.reused, params)
         try:
             for token in tokens:
                 if not generated:
@@ -119,6 +124,8 @@ class ModelRunner:
             self.token_tier.release(key)  # the session's KV is recomputed next turn
             raise
         cache = self._stop(tokens, checkout.cache)
+        if isinstance(tokens, Request):
+            stats.drafted_tokens, stats.accepted_tokens = tokens.drafted, tokens.accepted
         if not generated:
             self.token_tier.release(key)
             return
@@ -149,7 +156,7 @@ class ModelRunner:
         reused = cache.get_seq_length()
         text_stream = TextStream(self.chat_model.tokenizer, params.stop)
         entropies, last = [], None
-        tokens = self._start(cache, prompt[reused:], params)
+        tokens = self._start(cache, prompt, reused, params)
         try:
             for token in tokens:
                 if should_stop():

@@ -30,6 +30,9 @@ class TurnStats:
         ttft_s: seconds from the call to the first reply token.
         total_s: seconds for the whole turn.
         decode_tokens_per_s: reply tokens per second after the first.
+        drafted_tokens: tokens drafted for free (from the prompt's n-grams) and checked by the
+            model in the decode steps it ran anyway; vLLM's draft tokens.
+        accepted_tokens: of those, the ones the model wrote itself: each saved a decode step.
         tier: which cache served the prompt: "session" (memory), "disk" (spilled and restored),
             "prefix" (shared system prompt only), "none" (computed from scratch), "dialog"
             (the bot's flow asked for a slot or a confirmation; the model did not run), "answer"
@@ -53,6 +56,8 @@ class TurnStats:
     ttft_s: float = 0.0
     total_s: float = 0.0
     decode_tokens_per_s: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
     tier: str = "none"
     dropped_turns: int = 0
     kv_bytes: int = 0

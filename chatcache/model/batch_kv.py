@@ -8,7 +8,10 @@ are right-padded: a row's next token is written at its own length, and an attent
 hides the unwritten columns, so rows never move while others join or leave (the last row
 fills a gap a leaving row leaves, one row's copy). Buffers grow by whole blocks of positions,
 so a step writes one column instead of concatenating the whole cache as `DynamicLayer` does;
-rows double when one is missing. The buffers are freed when the last row leaves, so their
+rows double when one is missing. A step may feed each row several tokens (the scheduler's
+drafts): they are written from the row's length on and each sees the row's KV up to itself;
+`end_step` then keeps as many of them as the row accepted, and the columns past that stay
+masked until a later step writes over them, so a rejected token leaves nothing a row reads. The buffers are freed when the last row leaves, so their
 size follows the busiest moment since the batch was last empty, not the busiest ever.
 
 Only models whose cache layers are all plain `DynamicLayer`s are batched (`kv.is_croppable`):
@@ -46,8 +49,9 @@ class _RowLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         rows, columns, width = self._batch.step_indices()
-        self.keys[rows, :, columns] = key_states[:, :, 0]
-        self.values[rows, :, columns] = value_states[:, :, 0]
+        # (rows, heads, fed, dim) written at (row, column) for each fed token: indexed as (rows, fed, heads, dim)
+        self.keys[rows[:, None], :, columns] = key_states.transpose(1, 2)
+        self.values[rows[:, None], :, columns] = value_states.transpose(1, 2)
         return self.keys[: len(rows), :, :width], self.values[: len(rows), :, :width]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -113,27 +117,31 @@ class BatchKV(Cache):
                 layer.keys, layer.values = torch.empty(0), torch.empty(0)
         return from_tensors(config, tensors), moved
 
-    def begin_step(self) -> torch.Tensor:
-        """Fix where this step writes (each row at its length); returns the attention mask for it."""
+    def begin_step(self, fed: int = 1) -> torch.Tensor:
+        """Fix where this step writes `fed` tokens per row (from each row's length on); returns
+        the attention mask for it, under which each token sees its row's KV up to itself."""
         count = len(self.lengths)
+        self._reserve(count, max(self.lengths) + fed)
         self._rows = torch.arange(count)
-        self._columns = torch.tensor(self.lengths, dtype=torch.long)
-        width = max(self.lengths) + 1
-        visible = torch.arange(width).unsqueeze(0) <= self._columns.unsqueeze(1)
-        return visible[:, None, None, :]  # (rows, heads, query, key), True where a row attends
+        self._columns = torch.tensor(self.lengths, dtype=torch.long).unsqueeze(1) + torch.arange(fed)
+        width = max(self.lengths) + fed
+        visible = torch.arange(width) <= self._columns.unsqueeze(2)
+        return visible.unsqueeze(1)  # (rows, heads, query, key), True where a row's token attends
 
-    def end_step(self) -> None:
-        self.lengths = [length + 1 for length in self.lengths]
+    def end_step(self, kept: list[int]) -> None:
+        """Keep the first `kept[i]` tokens row `i` was fed this step (at least one)."""
+        self.lengths = [length + k for length, k in zip(self.lengths, kept, strict=True)]
 
     def step_indices(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         return self._rows, self._columns, int(self._columns.max()) + 1
 
     def positions(self) -> torch.Tensor:
-        """Each row's position for the token fed this step: the column `begin_step` writes it at."""
-        return self._columns.unsqueeze(1)
+        """Each row's positions for the tokens fed this step: the columns `begin_step` writes them at."""
+        return self._columns
 
-    def _reserve(self, rows: int, positions: int, like: DynamicCache) -> None:
-        """Grow every buffer to at least `rows` rows and `positions` positions, keeping what they hold."""
+    def _reserve(self, rows: int, positions: int, like: DynamicCache | None = None) -> None:
+        """Grow every buffer to at least `rows` rows and `positions` positions, keeping what they
+        hold; the layers' shapes and dtype are those of the buffers, or of `like` before there are any."""
         first = self._row_layers[0].keys
         have_rows, have_positions = (first.shape[0], first.shape[2]) if first.dim() == 4 else (0, 0)
         if rows <= have_rows and positions <= have_positions:
@@ -142,7 +150,8 @@ class BatchKV(Cache):
         # grew a server's buffers past 12 GB (rows x positions, never given back).
         new_rows = have_rows if rows <= have_rows else max(rows, 2 * have_rows)
         new_positions = max(have_positions, -(-positions // BLOCK) * BLOCK)
-        for layer, source in zip(self._row_layers, like.layers):
+        shaped_like = self._row_layers if first.dim() == 4 or like is None else like.layers
+        for layer, source in zip(self._row_layers, shaped_like):
             keys, _ = keys_values(source)
             _, heads, _, head_dim = keys.shape
             for name in ("keys", "values"):

@@ -43,6 +43,8 @@ class ServerMetrics:
         self.prefix_hits = Counter("chatcache:prefix_cache_hits", "Prompt tokens served from the token tier.", registry=r)
         self.prompt_tokens = Counter("chatcache:prompt_tokens", "Prompt tokens of model turns.", registry=r)
         self.generation_tokens = Counter("chatcache:generation_tokens", "Tokens generated.", registry=r)
+        self.draft_tokens = Counter("chatcache:spec_decode_num_draft_tokens", "Tokens drafted for free and checked by the model.", registry=r)
+        self.accepted_tokens = Counter("chatcache:spec_decode_num_accepted_tokens", "Drafted tokens the model wrote itself.", registry=r)
         self.requests = Counter("chatcache:request_success", "Finished turns by how they finished.", ["finish_reason"], registry=r)
         self.served_by = Counter("chatcache:turns_served", "Finished turns by the tier that answered.", ["tier"], registry=r)
         self.drift = Counter("chatcache:drift_events", "Turns detected as a topic change.", registry=r)
@@ -72,6 +74,8 @@ class ServerMetrics:
         self.prefix_hits.inc(stats.reused_tokens)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.generation_tokens.inc(stats.generated_tokens)
+        self.draft_tokens.inc(stats.drafted_tokens)
+        self.accepted_tokens.inc(stats.accepted_tokens)
         if stats.decode_tokens_per_s > 0:
             gap = 1 / stats.decode_tokens_per_s
             for _ in range(stats.generated_tokens - 1):

@@ -43,6 +43,7 @@ def test_metrics_count_what_the_turns_did(serve) -> None:  # type: ignore[no-unt
         return after[name] - before.get(name, 0.0)
 
     assert grew("chatcache:generation_tokens_total") == generated
+    assert 0 <= grew("chatcache:spec_decode_num_accepted_tokens_total") <= grew("chatcache:spec_decode_num_draft_tokens_total")
     assert grew("chatcache:prompt_tokens_total") == prompt == grew("chatcache:prefix_cache_queries_total")
     assert grew("chatcache:prefix_cache_hits_total") == cached > 0
     assert grew("chatcache:time_to_first_token_seconds_count") == 2
