@@ -27,7 +27,10 @@ the classifier gave it in context, as the engine sees a conversation. A user tur
 active intent (a greeting, "that's all") is never a row, and as a previous turn its gold intent
 is out of scope, so the turn after it is not re-read in the oracle setting.
 
-This module measures; it tunes nothing (the classifier has the default settings).
+The reader is the nearest-example classifier (default settings), or with `--trained` an
+intent model trained on the teaching examples by `chatcache train`'s code (`TRAINING`, stored
+in the data directory under the key of its examples and settings, so a second run reads with
+the stored model). This module measures; it tunes nothing.
 """
 
 from __future__ import annotations
@@ -45,14 +48,21 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
-from chatcache.dialog import OUT_OF_SCOPE, Embed, IntentClassifier, IntentReader, PreviousTurn, read_in_context
+from chatcache.dialog import OUT_OF_SCOPE, Embed, IntentClassifier, IntentReader, IntentResult, PreviousTurn, read_in_context
+from chatcache.dialog.definition import TrainingSettings
 
 from ..errors import ModelNotFoundError
+from ..intents.trained import TrainedIntentClassifier
 from .intent_data import IntentDataError
-from .intents import _embedder, in_batches, labelled_bot
+from .intents import _embedder, _positive, _trained_model, in_batches, labelled_bot
 
 PER_INTENT = 40
 """Examples an intent learns from, as the bank bot learns each of its intents from 40 rows."""
+
+TRAINING = TrainingSettings()
+"""How `--trained` trains: as `chatcache train` does by default (3 epochs; `--epochs` overrides
+them). Modest on purpose: on 2 shared cores a step over SGD's longer turns takes seconds, and the
+bank bot's 8 epochs would take 2.7 times as long (bench/README.md, "Follow-ups read in context")."""
 
 READINGS = ("alone", "context", "chained")
 _NO_INTENT = "NONE"  # SGD's active intent before a service's first request
@@ -207,19 +217,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     try:
+        if args.epochs is not None and not args.trained:
+            raise IntentDataError("--epochs sets how the trained reader is trained: it needs --trained")
         dialogues = read_dialogues(args.data)
         teaching, testing = dialogues[0::2], dialogues[1::2]
         examples = training_examples(teaching)
         if not examples or not any(_kind(before, turn) == "follow_up" for d in testing for before, turn in with_previous(d)):
             raise IntentDataError(f"{args.data}: no intent starts in the even dialogues or no follow-ups in the odd ones")
-        embed = _embedder("bundled")
-    except (IntentDataError, ModelNotFoundError) as error:
+        asked = asked_texts(testing)
+        if args.trained:
+            settings = TRAINING if args.epochs is None else TRAINING.model_copy(update={"epochs": args.epochs})
+            reader, described = _trained_reader(examples, settings, asked)
+        else:
+            reader, described = _nearest_reader(examples, asked)
+    except (ValueError, ModelNotFoundError) as error:  # ValueError: IntentDataError, or training's refusal of one intent
         print(f"chatcache eval followups: {error}", file=sys.stderr)
         return 2
-    asked = [text for texts in examples.values() for text in texts]
-    for before, turn in (pair for dialogue in testing for pair in with_previous(dialogue)):
-        asked += [turn.text] if before is None else [turn.text, f"{before.text} {turn.text}"]
-    reader = IntentClassifier(labelled_bot(examples), _remembering(embed, asked))
     print(f"reading {sum(map(len, testing))} user turns of {len(testing)} dialogues", file=sys.stderr)
     report = evaluate_followups(reader, testing, set(examples))
     summary = {
@@ -227,10 +240,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dialogues": {"teaching": len(teaching), "testing": len(testing)},
         "intents": len(examples),
         "examples": sum(map(len, examples.values())),
+        "classifier": described,
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(summary) if args.json else _table(report, summary))
     return 0
+
+
+def asked_texts(dialogues: Iterable[Sequence[UserTurn]]) -> list[str]:
+    """Every text a reader is asked about while the dialogues are read: each user turn, and each
+    joined to the turn before as `read_in_context` joins them (a guess; it is the same rule)."""
+    asked = []
+    for before, turn in (pair for dialogue in dialogues for pair in with_previous(dialogue)):
+        asked += [turn.text] if before is None else [turn.text, f"{before.text} {turn.text}"]
+    return asked
+
+
+def _nearest_reader(examples: dict[str, list[str]], asked: list[str]) -> tuple[IntentReader, dict[str, object]]:
+    """The nearest-example classifier of the teaching examples, every text embedded up front."""
+    bot = labelled_bot(examples)
+    taught = [text for texts in examples.values() for text in texts]
+    return IntentClassifier(bot, _remembering(_embedder("bundled"), [*taught, *asked])), {"nearest_examples": bot.classifier.model_dump()}
+
+
+def _trained_reader(examples: dict[str, list[str]], settings: TrainingSettings, asked: list[str]) -> tuple[IntentReader, dict[str, object]]:
+    """The model `chatcache train` trains on the teaching examples with `settings` (found in the
+    data directory when it was trained before), with its verdicts on every text read up front."""
+    bot = labelled_bot(examples).model_copy(update={"training": settings})
+    model = _trained_model(bot)
+    print(f"reading {len(set(asked))} texts with the trained model {model.info.key}", file=sys.stderr)
+    return _RememberedVerdicts(model, asked), {"trained": model.info.key, "settings": settings.model_dump(), "training": model.info.measured}
+
+
+class _RememberedVerdicts:
+    """A trained model's verdicts on the texts an evaluation will ask about, read up front in
+    batches (one text at a time costs the encoder several times more a text, as with
+    `_remembering`); a text not among them is read when asked."""
+
+    def __init__(self, model: TrainedIntentClassifier, texts: list[str]) -> None:
+        unique = list(dict.fromkeys(texts))
+        self._model = model
+        self._known = dict(zip(unique, model.classify_many(unique), strict=True))
+
+    def classify(self, text: str, embedding: np.ndarray | None = None) -> IntentResult:
+        """The model's verdict on `text` (`embedding` is ignored, as the trained model ignores it)."""
+        if text not in self._known:
+            self._known[text] = self._model.classify(text)
+        return self._known[text]
 
 
 def _intent(frames: list[_Frame], previous: str) -> str:
@@ -289,6 +345,7 @@ def _table(report: FollowUpReport, summary: dict[str, Any]) -> str:
             f"test rows    {report.follow_ups} follow-ups, {report.starts} starts ({report.unknown_intent_rows} of intents never taught, left out)",
             f"{'reading':10} " + " ".join(f"{column:>23}" for column in columns),
             *(f"{name:10} " + " ".join(f"{show(getattr(reading, column)):>23}" for column in columns) for name, reading in report.readings.items()),
+            f"reader       {'trained model ' + summary['classifier']['trained'] if 'trained' in summary['classifier'] else 'nearest examples'}",
             f"seconds      {summary['seconds']}",
         ]
     )
@@ -297,6 +354,8 @@ def _table(report: FollowUpReport, summary: dict[str, Any]) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chatcache eval followups", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="SGD dialogues, one JSON object per line (dev_dialogues.jsonl)")
+    parser.add_argument("--trained", action="store_true", help="read with an intent model trained on the teaching examples (stored; trained now if none is)")
+    parser.add_argument("--epochs", type=_positive, help=f"with --trained: epochs of training (default {TRAINING.epochs})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 

@@ -6,6 +6,7 @@ and which only after the previous turn can be worked out by hand.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -125,3 +126,39 @@ def test_unusable_data_exits_2_naming_the_file_and_line(tmp_path: Path, capsys: 
         out, err = capsys.readouterr()
         assert not out and err.startswith("chatcache eval followups: "), (path, err)
         assert all(word in err for word in words), (path, err)
+
+
+def test_the_trained_reader_is_trained_once_on_the_teaching_turns_and_reads_as_the_model_does(
+    tmp_path: Path, tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--trained` trains `chatcache train`'s model on the even dialogues' starts, stores it, and
+    scores the odd dialogues as that model reads them one message at a time."""
+    from chatcache.dialog.definition import TrainingSettings
+    from chatcache.intents.trained import TrainedIntentClassifier, model_dir
+
+    toy = TrainingSettings(encoder=str(tiny_encoder_dir), epochs=30, batch_size=8, body_learning_rate=1e-3, head_learning_rate=5e-2)
+    monkeypatch.setattr(followups, "TRAINING", toy)
+    data = write(tmp_path / "dialogues.jsonl", DIALOGUES)
+    assert main(["eval", "followups", "--json", "--trained", "--epochs", "20", "--data", str(data)]) == 0
+    out, progress = capsys.readouterr()
+    report = json.loads(out)
+    assert "training on 2 examples of 2 labels for 20 epochs" in progress  # one of the three held out to calibrate
+    reader = report["classifier"]
+    assert reader["settings"] == toy.model_copy(update={"epochs": 20}).model_dump() and reader["training"]["training_seconds"] > 0
+    assert (report["follow_ups"], report["starts"], report["unknown_intent_rows"]) == (2, 4, 1)
+
+    model = TrainedIntentClassifier(model_dir(reader["trained"]))
+    testing = followups.read_dialogues(data)[1::2]
+    one_at_a_time = followups.evaluate_followups(model, testing, {"FindRestaurants", "GetWeather"})
+    assert report["readings"] == {name: dataclasses.asdict(reading) for name, reading in one_at_a_time.readings.items()}
+    assert model.classify("find me a restaurant").intent == "FindRestaurants"  # what the toy examples teach
+    assert report["readings"]["alone"]["start_accuracy"] >= 2 / 4  # both restaurant starts at least
+
+    assert main(["eval", "followups", "--json", "--trained", "--epochs", "20", "--data", str(data)]) == 0
+    again, progress = capsys.readouterr()
+    assert "training on" not in progress and json.loads(again)["readings"] == report["readings"]  # the stored model, read again
+
+
+def test_epochs_without_the_trained_reader_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "followups", "--epochs", "3", "--data", str(write(tmp_path / "dialogues.jsonl", DIALOGUES))]) == 2
+    assert "needs --trained" in capsys.readouterr().err
