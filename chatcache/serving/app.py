@@ -243,13 +243,22 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
 
     # -- a person's side of a handed-off session: only an agent's key ---------------------
 
-    async def as_agent(authorization: str | None, session_id: str, call: Callable[[ChatEngine, SessionStore, str, str], dict[str, Any]]) -> dict[str, Any]:
-        """Run `call(engine, store, stored id, tenant)` for an agent's key (403 for a customer's), off the event loop."""
+    async def as_agent(
+        authorization: str | None, session_id: str, said: str | None, call: Callable[[ChatEngine, SessionStore, str, str, str], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Run `call(engine, store, stored id, tenant, agent)` for an agent's key (403 for a
+        customer's), off the event loop. The agent is the person the key names; `said`, the name
+        in the request, only counts on an open server, and must not contradict the key's."""
         s = server()
-        tenant = s.authenticate_agent(authorization)
-        stored = _stored(tenant, session_id)
-        engine = s.tenants(tenant)
-        result: dict[str, Any] = await asyncio.to_thread(_guarded, lambda: call(engine, s.tenants.store, stored, tenant))
+        caller = s.authenticate_agent(authorization)
+        agent = caller.name or said
+        if agent is None:
+            raise ApiError(400, "Say who you are: `agent` names the person answering.", "invalid_request_error", "agent_name_required")
+        if said is not None and said != agent:
+            raise ApiError(403, f"This key is {agent}'s: it acts under that name only.", "permission_error", "agent_name_mismatch")
+        stored = _stored(caller.tenant, session_id)
+        engine = s.tenants(caller.tenant)
+        result: dict[str, Any] = await asyncio.to_thread(_guarded, lambda: call(engine, s.tenants.store, stored, caller.tenant, agent))
         return result
 
     @app.get("/v1/agent/queue")
@@ -257,8 +266,8 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
         """The tenant's handed-off sessions, the most recently active first, each with the
         summary a person reads before taking it over and who has claimed it."""
         s = server()
-        tenant = s.authenticate_agent(authorization)
-        store = s.tenants.store
+        caller = s.authenticate_agent(authorization)
+        tenant, store = caller.tenant, s.tenants.store
 
         def queue() -> dict[str, Any]:
             rows = []
@@ -267,44 +276,44 @@ def create_app(settings: ServeSettings, chat_model: ChatModel | None = None, emb
                 if summary["handed_off"]:
                     summary["handoff_summary"] = Sessions.handoff_summary(store.messages(session.id), store.facts(session.id))
                     rows.append(summary)
-            return {"object": "list", "data": rows}
+            return {"object": "list", "data": rows, "agent": caller.name}  # the console shows whose key it holds
 
         return await asyncio.to_thread(_guarded, queue)
 
     @app.post("/v1/sessions/{session_id}/claim")
     async def claim(session_id: str, body: schemas.AgentClaim, authorization: str | None = Header(None)) -> dict[str, Any]:
         """A person takes a handed-off session over; a second one is told who has it (409)."""
-        def take(engine: ChatEngine, store: SessionStore, stored: str, tenant: str) -> dict[str, Any]:
+        def take(engine: ChatEngine, store: SessionStore, stored: str, tenant: str, agent: str) -> dict[str, Any]:
             if Sessions.dialogue_state(store.get_session(stored)) != State.HANDED_OFF:
                 raise ApiError(400, "This session is not handed off to a person; the bot answers it.", "invalid_request_error", "not_handed_off")
-            return _session_summary(tenant, store.claim_session(stored, body.agent))
+            return _session_summary(tenant, store.claim_session(stored, agent))
 
-        return await as_agent(authorization, session_id, take)
+        return await as_agent(authorization, session_id, body.agent, take)
 
     @app.post("/v1/sessions/{session_id}/agent", status_code=201)
     async def agent_message(session_id: str, body: schemas.AgentMessage, authorization: str | None = Header(None)) -> dict[str, Any]:
         """A person's reply in a session the bot handed off to them; replying claims the
         session, so a person who has not claimed it cannot answer over the one who has."""
-        def reply(engine: ChatEngine, store: SessionStore, stored: str, tenant: str) -> dict[str, Any]:
+        def reply(engine: ChatEngine, store: SessionStore, stored: str, tenant: str, agent: str) -> dict[str, Any]:
             if Sessions.dialogue_state(store.get_session(stored)) == State.HANDED_OFF:
-                store.claim_session(stored, body.agent)
-            engine.sessions.agent_reply(stored, body.content, body.agent)  # refuses a session not handed off
-            return {"session_id": session_id, "role": "assistant", "content": body.content, "agent": body.agent}
+                store.claim_session(stored, agent)
+            engine.sessions.agent_reply(stored, body.content, agent)  # refuses a session not handed off
+            return {"session_id": session_id, "role": "assistant", "content": body.content, "agent": agent}
 
-        return await as_agent(authorization, session_id, reply)
+        return await as_agent(authorization, session_id, body.agent, reply)
 
     @app.post("/v1/sessions/{session_id}/hand-back")
     async def hand_back(session_id: str, body: schemas.AgentClaim, authorization: str | None = Header(None)) -> dict[str, Any]:
         """The person who has the session hands it back to the bot, and the claim goes."""
-        def back(engine: ChatEngine, store: SessionStore, stored: str, tenant: str) -> dict[str, Any]:
+        def back(engine: ChatEngine, store: SessionStore, stored: str, tenant: str, agent: str) -> dict[str, Any]:
             holder = store.get_session(stored).claimed_by
-            if holder is not None and holder != body.agent:
+            if holder is not None and holder != agent:
                 raise api_error(SessionClaimedError(session_id, holder))
             engine.sessions.hand_back(stored)
             store.release_claim(stored)
             return _session_summary(tenant, engine.sessions.get(stored))
 
-        return await as_agent(authorization, session_id, back)
+        return await as_agent(authorization, session_id, body.agent, back)
 
     @app.delete("/v1/sessions/{session_id}")
     async def end_session(session_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:

@@ -258,11 +258,12 @@ class SessionRename(BaseModel):
 
 
 class AgentClaim(BaseModel):
-    """`POST /v1/sessions/{id}/claim` and `/hand-back`: the person taking over or giving back a session."""
+    """`POST /v1/sessions/{id}/claim` and `/hand-back`: the person taking over or giving back a
+    session. An agent's key names them, so `agent` is only read on an open server (no keys)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    agent: str = Field(min_length=1, max_length=64)  # the `String(64)` of the session's `claimed_by`
+    agent: str | None = Field(None, min_length=1, max_length=64)  # the `String(64)` of the session's `claimed_by`
 
 
 class AgentMessage(AgentClaim):

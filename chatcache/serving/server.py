@@ -51,8 +51,8 @@ class Server:
         """The request's tenant, after its rate token was taken."""
         return self.caller(authorization).tenant
 
-    def authenticate_agent(self, authorization: str | None) -> str:
-        """The tenant of a request only a person answering handed-off sessions may make.
+    def authenticate_agent(self, authorization: str | None) -> Caller:
+        """Who makes a request only a person answering handed-off sessions may make.
 
         Raises:
             ApiError: 401 without a valid key, 403 for a customer's key.
@@ -61,7 +61,7 @@ class Server:
         if caller.role != AGENT:
             self.metrics.rejections.labels("role").inc()
             raise ApiError(403, "This needs an agent's API key; a customer's key cannot take over conversations.", "permission_error", "agent_role_required")
-        return caller.tenant
+        return caller
 
     def caller(self, authorization: str | None) -> Caller:
         """The request's tenant and role, after its rate token was taken."""

@@ -21,7 +21,8 @@ from chatcache.dialog.manager import HANDOFF_REPLY
 from .conftest import DESKTOP, KEY_A, PHONE, console_errors, snapshot
 from .test_web_page import idle, session_ready, shown, type_message
 
-AGENT_KEY = "key-agent-a-0123456789"
+SAM_KEY = "key-agent-a-0123456789"
+KIM_KEY = "key-agent-b-0123456789"
 WAIT_S = 60
 # The bank bot's flows, intents and handoff, with a one-line prompt for its free replies: its own
 # (policies and knowledge, about 7,900 tokens) does not fit the tiny model's 512-token window.
@@ -32,15 +33,21 @@ ANSWER = "I have **blocked** your card. <img src=x onerror=\"document.title='pwn
 @pytest.fixture
 def keys_file(tmp_path: Path) -> Path:
     path = tmp_path / "keys.txt"
-    path.write_text(f"{KEY_A} bank\n{AGENT_KEY} bank agent\n")
+    path.write_text(f"{KEY_A} bank\n{SAM_KEY} bank agent sam\n{KIM_KEY} bank agent kim\n")
     return path
 
 
-def sign_in(driver: WebDriver, url: str, key: str, name: str) -> None:
-    """Open the console and type the key and name, as an agent does (Tab leaves each field)."""
+def sign_in(driver: WebDriver, url: str, key: str) -> None:
+    """Open the console and type the key, as an agent does (Tab leaves the field)."""
     driver.get(url + "/agent")
-    driver.find_element(By.ID, "agent-name").send_keys(name, Keys.TAB)
     driver.find_element(By.ID, "api-key").send_keys(key, Keys.TAB)
+
+
+def signed_in_as(driver: WebDriver, name: str) -> None:
+    """The console shows the person the key names, in a field the agent cannot edit."""
+    field = driver.find_element(By.ID, "agent-name")
+    WebDriverWait(driver, WAIT_S).until(lambda d: field.get_property("value") == name)
+    assert field.get_property("readOnly") is True
 
 
 def open_first(driver: WebDriver, title: str) -> None:
@@ -73,7 +80,8 @@ def test_an_agent_takes_over_answers_live_and_hands_back(serve, browsers, keys_f
     assert notice.is_displayed() and "a person from our team will answer here" in notice.text
     assert customer.find_element(By.ID, "title").text == "My card was stolen"
 
-    sign_in(sam, live.url, AGENT_KEY, "sam")
+    sign_in(sam, live.url, SAM_KEY)
+    signed_in_as(sam, "sam")
     open_first(sam, "My card was stolen")
     assert "talk to human" in sam.find_element(By.ID, "summary").get_property("textContent")
     assert [who for _, who, _ in shown(sam)] == ["Customer", "Assistant", "Customer", "Assistant"]
@@ -81,7 +89,8 @@ def test_an_agent_takes_over_answers_live_and_hands_back(serve, browsers, keys_f
     sam.find_element(By.ID, "claim").click()
     WebDriverWait(sam, WAIT_S).until(lambda d: claim_status(d) == "You have this conversation.")
 
-    sign_in(kim, live.url, AGENT_KEY, "kim")
+    sign_in(kim, live.url, KIM_KEY)
+    signed_in_as(kim, "kim")
     open_first(kim, "My card was stolen")
     WebDriverWait(kim, WAIT_S).until(lambda d: "with sam" in d.find_element(By.CSS_SELECTOR, "#queue .item").text)
     assert claim_status(kim) == "sam has this conversation."
@@ -121,6 +130,6 @@ def test_an_agent_takes_over_answers_live_and_hands_back(serve, browsers, keys_f
 
 def test_the_console_with_a_customers_key_shows_the_refusal(serve, browser: WebDriver, keys_file: Path) -> None:  # type: ignore[no-untyped-def]
     live = serve(**BANK, api_key_file=keys_file)
-    sign_in(browser, live.url, KEY_A, "mallory")
+    sign_in(browser, live.url, KEY_A)
     error = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "error") if "agent's API key" in d.find_element(By.ID, "error").text else None)
     assert error.is_displayed() and browser.find_elements(By.CSS_SELECTOR, "#queue .item") == []

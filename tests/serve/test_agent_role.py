@@ -1,5 +1,5 @@
-"""Agents and customers: a key's role decides who may take a handed-off conversation over, and
-of two agents only one has it at a time."""
+"""Agents and customers: a key's role decides who may take a handed-off conversation over, an
+agent's key decides under which name, and of two agents only one has it at a time."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import pytest
 from chatcache.serving.app import PAGE_POLICY
 from .conftest import KEY_A, KEY_B
 
-AGENT_A = "key-agent-a-0123456789"
+AGENT_A = "key-agent-a-0123456789"  # sam's
+AGENT_A_KIM = "key-agent-a-kim-0123456789"
 AGENT_B = "key-agent-b-0123456789"
 
 
 @pytest.fixture
 def keys_with_agents(tmp_path: Path) -> Path:
     path = tmp_path / "keys.txt"
-    path.write_text(f"{KEY_A} tenant-a\n{AGENT_A} tenant-a agent\n{KEY_B} tenant-b customer\n{AGENT_B} tenant-b agent\n")
+    path.write_text(f"{KEY_A} tenant-a\n{AGENT_A} tenant-a agent sam\n{AGENT_A_KIM} tenant-a agent kim\n{KEY_B} tenant-b customer\n{AGENT_B} tenant-b agent lee\n")
     return path
 
 
@@ -30,9 +31,9 @@ def hand_off(http, session_id: str) -> None:  # type: ignore[no-untyped-def]
 
 AGENT_CALLS = [
     ("GET", "/v1/agent/queue", None),
-    ("POST", "/v1/sessions/c/claim", {"agent": "sam"}),
-    ("POST", "/v1/sessions/c/agent", {"agent": "sam", "content": "Hello, Sam here."}),
-    ("POST", "/v1/sessions/c/hand-back", {"agent": "sam"}),
+    ("POST", "/v1/sessions/c/claim", {}),
+    ("POST", "/v1/sessions/c/agent", {"content": "Hello, Sam here."}),
+    ("POST", "/v1/sessions/c/hand-back", {}),
 ]
 
 
@@ -52,18 +53,42 @@ def test_a_customers_key_gets_403_from_every_agent_endpoint(serve, keys_with_age
 
 def test_the_second_agent_to_claim_is_told_who_has_it_and_cannot_answer_or_hand_back(serve, keys_with_agents: Path) -> None:  # type: ignore[no-untyped-def]
     live = serve(bot="customer_service", answer_cache=False, drift=False, api_key_file=keys_with_agents)
-    with live.client(KEY_A) as customer, live.client(AGENT_A) as agent:
+    with live.client(KEY_A) as customer, live.client(AGENT_A) as sam, live.client(AGENT_A_KIM) as kim:
         hand_off(customer, "c")
-        taken = agent.post("/v1/sessions/c/claim", json={"agent": "sam"})
-        assert taken.status_code == 200 and taken.json()["claimed_by"] == "sam"
-        for path, body in (("claim", {"agent": "kim"}), ("agent", {"agent": "kim", "content": "Kim here"}), ("hand-back", {"agent": "kim"})):
-            refused = agent.post(f"/v1/sessions/c/{path}", json=body)
+        taken = sam.post("/v1/sessions/c/claim", json={})
+        assert taken.status_code == 200 and taken.json()["claimed_by"] == "sam"  # the key's person
+        for path, body in (("claim", {}), ("agent", {"content": "Kim here"}), ("hand-back", {})):
+            refused = kim.post(f"/v1/sessions/c/{path}", json=body)
             assert refused.status_code == 409 and refused.json()["error"]["code"] == "session_claimed", path
             assert refused.json()["error"]["message"] == "sam has already taken over this conversation."
-        assert agent.post("/v1/sessions/c/agent", json={"agent": "sam", "content": "Sam here"}).status_code == 201
+        assert sam.post("/v1/sessions/c/agent", json={"content": "Sam here"}).status_code == 201
         assert [m.get("agent") for m in customer.get("/v1/sessions/c").json()["messages"]][-1] == "sam"
-        back = agent.post("/v1/sessions/c/hand-back", json={"agent": "sam"})
+        back = sam.post("/v1/sessions/c/hand-back", json={"agent": "sam"})  # naming oneself is allowed
         assert back.status_code == 200 and back.json()["claimed_by"] is None and back.json()["handed_off"] is False
+
+
+def test_an_agents_key_acts_under_its_own_name_only(serve, keys_with_agents: Path) -> None:  # type: ignore[no-untyped-def]
+    """Holding kim's key and saying "sam" takes nothing over: the claim would let kim answer as
+    sam, and customers read the name beside the reply."""
+    live = serve(bot="customer_service", answer_cache=False, drift=False, api_key_file=keys_with_agents)
+    with live.client(KEY_A) as customer, live.client(AGENT_A) as sam, live.client(AGENT_A_KIM) as kim:
+        hand_off(customer, "c")
+        assert sam.get("/v1/agent/queue").json()["agent"] == "sam"
+        for path, body in (("claim", {"agent": "sam"}), ("agent", {"agent": "sam", "content": "Sam here"})):
+            refused = kim.post(f"/v1/sessions/c/{path}", json=body)
+            assert refused.status_code == 403 and refused.json()["error"]["code"] == "agent_name_mismatch", path
+        record = customer.get("/v1/sessions/c").json()
+        assert record["claimed_by"] is None and [m.get("agent") for m in record["messages"]] == [None] * 4
+
+
+def test_on_an_open_server_the_agent_says_who_they_are(serve) -> None:  # type: ignore[no-untyped-def]
+    live = serve(bot="customer_service", answer_cache=False, drift=False)
+    with live.client() as http:
+        hand_off(http, "c")
+        assert http.get("/v1/agent/queue").json()["agent"] is None
+        unnamed = http.post("/v1/sessions/c/claim", json={})
+        assert unnamed.status_code == 400 and unnamed.json()["error"]["code"] == "agent_name_required"
+        assert http.post("/v1/sessions/c/claim", json={"agent": "sam"}).json()["claimed_by"] == "sam"
 
 
 def test_the_queue_lists_the_tenants_handed_off_sessions_newest_first_with_summaries(serve, keys_with_agents: Path) -> None:  # type: ignore[no-untyped-def]
@@ -85,12 +110,20 @@ def test_key_lines_take_an_optional_role_and_refuse_an_unknown_one(tmp_path: Pat
     from chatcache.serving import ServeSettings
     from chatcache.serving.keys import KeyFileError
 
-    keys = ServeSettings(api_keys=f"{KEY_A} acme;{AGENT_A} acme agent;{KEY_B} acme customer").keys()
-    assert [(c.tenant, c.role) for c in map(keys.caller_of, (KEY_A, AGENT_A, KEY_B))] == [("acme", "customer"), ("acme", "agent"), ("acme", "customer")]
+    keys = ServeSettings(api_keys=f"{KEY_A} acme;{AGENT_A} acme agent sam;{KEY_B} acme customer").keys()
+    callers = [(c.tenant, c.role, c.name) for c in map(keys.caller_of, (KEY_A, AGENT_A, KEY_B))]
+    assert callers == [("acme", "customer", None), ("acme", "agent", "sam"), ("acme", "customer", None)]
+    refusals = {
+        f"{KEY_A} acme admin": "line 1: role 'admin' must be one of customer, agent",
+        f"{AGENT_A} acme agent": "line 1: an agent's key names its person",
+        f"{KEY_A} acme customer sam": "line 1: a name is given to an agent's key only",
+        f"{AGENT_A} acme agent <b>sam</b>": "line 1: a name is given to an agent's key only",
+    }
     path = tmp_path / "keys.txt"
-    path.write_text(f"{KEY_A} acme admin\n")
-    with pytest.raises(KeyFileError, match="line 1: role 'admin' must be one of customer, agent"):
-        ServeSettings(api_key_file=path).keys()
+    for line, message in refusals.items():
+        path.write_text(line + "\n")
+        with pytest.raises(KeyFileError, match=message):
+            ServeSettings(api_key_file=path).keys()
 
 
 def test_the_pages_forbid_inline_script_and_other_origins(serve) -> None:  # type: ignore[no-untyped-def]

@@ -2,7 +2,8 @@
 // polls the tenant's queue of handed-off conversations, newest first with their summaries;
 // opening one shows the whole conversation, polled too, so the customer's new messages appear.
 // Claiming is the server's compare-and-set: of two agents the second is told who has it.
-// Replies and the hand-back go out under the name typed here, which customers see.
+// Replies and the hand-back go out under the name the agent's key names (shown, not editable);
+// only an open server, with no keys, lets the agent type who they are.
 "use strict";
 
 const key = keyField(document.getElementById("api-key"), "chatcache.agent-key", refresh);
@@ -47,7 +48,10 @@ function queueItem(session) {
 }
 
 async function refreshQueue() {
-  const sessions = (await api(key(), "/v1/agent/queue")).data;
+  const answer = await api(key(), "/v1/agent/queue");
+  if (answer.agent) nameInput.value = answer.agent;  // the key's person: the server acts under that name only
+  nameInput.readOnly = Boolean(answer.agent);
+  const sessions = answer.data;
   const shown = JSON.stringify([openId, sessions]);
   if (shown === queueShown) return;
   queueShown = shown;
