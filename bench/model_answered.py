@@ -29,6 +29,8 @@ a mean entropy under its bound). Every turn (a)'s answer cache served is then re
 engine, one at a time with greedy decoding, on the history (a) had at that turn; the served
 reply should be the one the model writes there. A few turns the model wrote in (a) are
 replayed too, as a check of the replay itself (batching may break a near-tie differently).
+How many turns repeat an earlier turn's whole prompt (`repeated_prompts`) bounds what (a) can
+gain over (b) while every served reply is the model's own: only those turns can be.
 
 Section 2 of the issue (cached answers as drafts for speculative decoding) is not built yet:
 `draft_speedup_n1`, `draft_speedup_n8` and `draft_identical_share` are null and `complete` is
@@ -213,6 +215,25 @@ def replay(engine: ChatEngine, visits: list[Visit], at_once: int, max_new_tokens
     return time.perf_counter() - started, sorted(records, key=lambda r: (r.visit, len(r.history)))
 
 
+def repeated_prompts(visits: list[Visit]) -> int:
+    """How many turns repeat an earlier turn's whole prompt: the same question after the same
+    questions in their session (a new customer's first question asked before by another new
+    customer, mostly). Only these can be served with the reply the model writes for them,
+    token for token; any other turn's prompt is new, and a cached reply to it is another
+    prompt's. So with served turns costing nothing, (a) is at most
+    `turns / (turns - repeated)` times (b)'s rate while every served reply equals the model's."""
+    asked: set[tuple[str, ...]] = set()
+    so_far: dict[str, tuple[str, ...]] = {}  # a session's questions, across the customer's visits
+    repeated = 0
+    for visit in visits:  # in arrival order: a returning customer's visit comes after the earlier one
+        for question in visit.questions:
+            prompt = so_far.get(visit.session_id, ()) + (question.text,)
+            repeated += prompt in asked
+            asked.add(prompt)
+            so_far[visit.session_id] = prompt
+    return repeated
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q)) if values else float("nan")
 
@@ -343,6 +364,8 @@ def main() -> None:
         "kinds": dict(sorted(Counter(q.kind for q in questions).items())),
         "distinct_intents_asked": len({q.intent for q in questions}),
         "most_asked_intents": Counter(q.intent for q in questions if q.kind != "follow_up").most_common(5),
+        "repeated_prompts": (repeated := repeated_prompts(visits)),
+        "all_tiers_vs_prefix_only_ceiling": ratio(len(questions), len(questions) - repeated),  # with served replies all the model's own
     })  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
     records: dict[str, list[TurnRecord]] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bench.model_answered import FOLLOW_UPS, MAX_QUESTIONS, workload
+from bench.model_answered import FOLLOW_UPS, MAX_QUESTIONS, Question, Visit, repeated_prompts, workload
 
 POOL = {f"intent_{n:02d}": [f"question {n} worded {w}" for w in range(5)] for n in range(20)}
 
@@ -61,3 +61,18 @@ def test_a_visit_asks_again_in_other_words_and_follows_up() -> None:
                 assert question.text in POOL[question.intent]
             elif question.kind == "follow_up":
                 assert question.text in FOLLOW_UPS
+
+
+def test_a_prompt_repeats_only_with_the_same_questions_before_it_in_its_session() -> None:
+    def visit(session: str, *texts: str, returning: bool = False) -> Visit:
+        return Visit(session, tuple(Question("i", t, "new") for t in texts), returning)
+
+    visits = [
+        visit("a", "lost card", "fee?"),
+        visit("b", "lost card", "fee?"),  # both prompts are a's again
+        visit("c", "fee?"),  # the same words after other questions (none): another prompt
+        visit("d", "lost card", "when?"),  # its first prompt repeats, its second is new
+        visit("a", "fee?", returning=True),  # after a's earlier questions: new
+    ]
+    assert repeated_prompts(visits) == 3
+    assert repeated_prompts(workload(POOL, 300, seed=0)) > 0  # 100 wordings: first questions come again
