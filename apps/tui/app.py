@@ -166,9 +166,15 @@ class ChatApp(App[int]):
         self.turns = [TurnRecord.from_meta(r.meta) for r in records if r.role == "assistant"]
         await self.query_one(ChatLog).show([(r.role.value, r.content) for r in records])
         self.query_one(PromptInput).set_history([r.content for r in records if r.role == "user"])
-        self.sub_title = f"{session_id} · bot: {self.engine.sessions.bot}"
+        self.show_header()
         self.refresh_sessions()
         self.refresh_panel()
+
+    def show_header(self) -> None:
+        """Name the open conversation as the sidebar does: by its title (its first message, or
+        the name the user gave it), by its id only before it has one."""
+        title = None if self.pending else self.engine.sessions.get(self.session_id).title
+        self.sub_title = f"{title or self.session_id} · bot: {self.engine.sessions.bot}"
 
     def refresh_panel(self) -> None:
         panel = self.query_one(CachePanel)
@@ -205,7 +211,7 @@ class ChatApp(App[int]):
                     self.notify(str(exc), title="Not renamed", severity="warning")
                     return
                 self.refresh_sessions()
-                self.sub_title = f"{title or self.session_id} · bot: {self.engine.sessions.bot}"
+                self.show_header()
 
         self.push_screen(RenameScreen(current), rename)
 
@@ -311,6 +317,7 @@ class ChatApp(App[int]):
             self.answered += 1
             self.answer_hits += turn.answer_cache_hit
         self.pending = False  # the user's message is in the record, even after an error
+        self.show_header()  # titled by that message now
         self.refresh_sessions()
         self.refresh_panel()
 

@@ -41,17 +41,21 @@ async def test_new_sessions_are_listed_most_recent_first_and_resume_on_select(en
 
 
 async def test_rename_shows_the_title_in_the_sidebar(engine, make_app, settle) -> None:  # type: ignore[no-untyped-def]
-    """F2, a title and Enter: the sidebar shows "Trip plans" instead of the session id."""
+    """F2, a title and Enter: the sidebar and the header show "Trip plans" instead of the
+    session's first message, and the header its id only until it has a first message."""
     app = make_app(engine)
     async with app.run_test(size=(100, 30)) as pilot:
+        assert app.sub_title.startswith("s-1 · bot:")
         await pilot.press(*"hello", "enter")
         await settle(pilot)
+        assert app.sub_title.startswith("hello · bot:")
         await pilot.press("f2")
         await pilot.pause()
         assert isinstance(app.screen, RenameScreen)
         await pilot.press(*"Trip plans", "enter")
         await pilot.pause()
         assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "Trip plans"
+        assert app.sub_title.startswith("Trip plans · bot:")
         assert engine.store.get_session("s-1").title == "Trip plans"
 
 
