@@ -24,6 +24,7 @@ from ..config import default_data_dir
 from ..errors import ConfigError, ModelNotFoundError
 from ..first_run import produce_once
 from .few_rows import use_few_rows_matmul
+from .grouped_attention import use_grouped_attention
 from .int8_precision import Int8Linear, supports_int8_precision, use_int8_precision
 from .intra_op_threads import give_up_intra_op_threads
 from .scheduler import Scheduler
@@ -235,6 +236,8 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype, precision: str)
         identity += "+int8"
     elif torch.device(device).type == "cpu" and dtype == torch.float32:
         use_few_rows_matmul(model)
+    if precision != "int8" and torch.device(device).type == "cpu":
+        use_grouped_attention(model)  # the same floats as sdpa's, without copying the KV for grouped heads
     give_up_intra_op_threads()  # loading made this thread an OpenMP pool; the model's worker takes the threads
     return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity)
 
