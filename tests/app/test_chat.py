@@ -91,7 +91,7 @@ async def test_escape_cancels_the_reply_and_keeps_the_users_message(engine, make
         assert not app.generating
         user, bot = log.messages
         assert user.text == "hello" and bot.border_subtitle == "cancelled"
-        records = engine.store.messages("s-1")
+        records = engine.sessions.records("s-1")
         assert [r.role for r in records] == ["user", "assistant"] and records[0].content == "hello"
         assert records[1].meta["finish_reason"] == "cancelled"
         assert "finish    cancelled" in panel_text(app, "turn-stats")
