@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -113,13 +113,15 @@ class ReplyStream:
     cannot hold its session for good (`abandoned_streams.py`).
     """
 
-    def __init__(self, pieces: Iterator[str], finished: Callable[[], Reply | None], abandon_after_s: float | None = None) -> None:
-        self._pieces = pieces
-        self._finished = finished
+    def __init__(self, turn: Generator[str, None, Reply | None], abandon_after_s: float | None = None) -> None:
+        """`turn` yields the reply's pieces and returns the reply, also when it is closed early
+        (then it returns what was generated) or None if there is none."""
+        self._turn = turn
         self._abandon_after_s = abandon_after_s
         self._step = threading.RLock()  # one piece or the close at a time (the reader's, `close`'s, the watcher's)
         self._taken_at: float | None = None  # monotonic time the reader last took a piece; None before the first
         self._ended = False
+        self._reply: Reply | None = None
 
     def __enter__(self) -> ReplyStream:
         return self
@@ -132,9 +134,14 @@ class ReplyStream:
 
     def __next__(self) -> str:
         with self._step:
+            if self._ended:
+                raise StopIteration
             try:
-                piece = next(self._pieces)
-            except BaseException:  # the end, or the turn's error: either way the turn is over
+                piece = next(self._turn)
+            except StopIteration as end:
+                self._ended, self._reply = True, end.value
+                raise
+            except BaseException:  # the turn's error: the turn is over
                 self._ended = True
                 raise
             first = self._taken_at is None
@@ -171,15 +178,22 @@ class ReplyStream:
             self._step.release()
 
     def _end(self) -> None:
+        if self._ended:
+            return
         self._ended = True
-        close = getattr(self._pieces, "close", None)
-        if close is not None:
-            close()
+        # What `close()` does, except that the turn's return value, its reply, is kept: before
+        # Python 3.13 `close()` drops it.
+        try:
+            self._turn.throw(GeneratorExit())
+        except StopIteration as end:
+            self._reply = end.value
+        except GeneratorExit:
+            pass  # the turn had not started, or keeps no reply
 
     @property
     def reply(self) -> Reply | None:
         """The finished reply, or None while the stream is still running."""
-        return self._finished()
+        return self._reply
 
 
 class AsyncReplyStream:

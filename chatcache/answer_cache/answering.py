@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from chatcache.storage import SessionStore
 
-from . import AnswerCache, CacheHit, Scope
+from . import AnswerCache, BoundStatus, CacheHit, Scope
 from .keys import conversation_context, intent_context, normalize
 from .personal import any_personal_data
 from .verify import stems
@@ -170,6 +170,10 @@ class CachedAnswers:
             embedding=context.embedding,
             intent=context.intent if where.intent else None,
         )
+
+    def bound(self) -> BoundStatus | None:
+        """The cache's error bound and what the audits measured (every replica's); None without a bound."""
+        return self.cache.bound_status() if self.cache.config.max_error_rate is not None else None
 
     def maybe_audit(self, hit: CacheHit, params: GenerationConfig, prompt: Callable[[], Prompt]) -> None:
         """For a sample of hits, run the model anyway (from scratch) and record agreement."""

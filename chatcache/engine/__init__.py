@@ -1,10 +1,6 @@
 """ChatEngine: answers a user turn by turn on a local model (or one served elsewhere, whose
-server's prefix cache then plays the token tier), serving what it can from its caches.
-
-The engine builds its parts and hands each call to the owner of what it asks: a session's turn
-to the turn pipeline (`turns.py`, where one turn reads top to bottom), a conversation the
-caller keeps to `given.py` and then the same pipeline, sessions and hand-off to `sessions.py`,
-admission control's questions to `admission.py`.
+server's prefix cache then plays the token tier), serving what it can from its caches. It
+builds its parts and hands each call to the owner of what it asks (the class says which).
 """
 
 from __future__ import annotations
@@ -19,11 +15,11 @@ from chatcache.storage import SessionStore
 from ..answer_cache import AnswerCache, AnswerCacheConfig, BoundStatus, Scope, bot_fingerprint
 from ..answer_cache.answering import CachedAnswers
 from ..config import GenerationConfig, MemoryConfig, TokenTierConfig, default_data_dir
-from ..errors import ConfigError, InvalidMessageError
+from ..errors import ConfigError
 from ..intents.trained import load_trained
 from ..model.loading import ChatModel, load_chat_model, load_embedder
 from ..model.prompt import Message, PromptRenderer
-from ..model.remote import RemoteModel, RemoteRunner, connect_remote_model, is_remote
+from ..model.remote import RemoteModel, connect_remote_model, is_remote
 from ..model.tools import CallSyntax, ToolChoice
 from ..model_runner import ModelRunner, runner_for
 from ..reply import AsyncReplyStream, Reply, ReplyStream
@@ -31,14 +27,14 @@ from ..reply_format import ReplyFormat
 from ..steering.drift import DriftConfig
 from ..steering.hcac import ContextCoordinator, Embed, sentence_embed
 from ..steering.tool_router import TOOL_ROUTE_THRESHOLD
-from ..tiers.conversations import Conversations, check_storable
+from ..tiers.conversations import Conversations
 from ..tiers.token_tier import TokenTier, TokenTierStats
 from ..tiers.turn_tier import TurnTierConfig
 from ..worker_threads import close_at_exit
 from .admission import AdmissionEstimates, LeastCost
 from .given import GivenConversations, conversation_key
 from .sessions import Sessions
-from .turns import Admit, TurnPipeline
+from .turns import Admit, Turn, TurnPipeline
 
 __all__ = ["Admit", "ChatEngine", "LeastCost", "Sessions", "conversation_key"]
 
@@ -77,9 +73,9 @@ class ChatEngine:
             a reply stream nobody reads keeps its session before it is closed.
 
     The engine is a front over a few owners, each with one job: `sessions` (a user's sessions,
-    hand-off, and what each holds in memory), the turn pipeline (`turns.py`: a turn's steps),
-    the caller's own conversations (`given.py`), and `admission` (what a server's admission
-    control asks before a turn runs).
+    hand-off, and what each holds in memory), the turn pipeline (`turns.py`: a turn's steps, for
+    a session's turn and for a conversation the caller keeps, which `given.py` reads first), and
+    `admission` (what a server's admission control asks before a turn runs).
     """
 
     def __init__(
@@ -109,18 +105,16 @@ class ChatEngine:
         self.bot = load_bot(bot) if isinstance(bot, (str, Path)) else bot
         self.actions = Actions.load(self.bot) if self.bot is not None else None
         self.system_prompt = system_prompt or (self.bot.instructions if self.bot else None)
-        self.tenant = tenant
         self.renderer = PromptRenderer(self.chat_model.tokenizer)
         self.context_window = min(context_window or self.chat_model.context_window, self.chat_model.context_window)
-        system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []
-        self.runner = runner_for(model, token_tier, system_ids, default_data_dir() / "kv")
+        self.system_ids = self.renderer.system_ids(self.system_prompt) if self.system_prompt else []  # their KV every session shares
+        self.runner = runner_for(model, token_tier, self.system_ids, default_data_dir() / "kv")
         self.token_tier = self.runner.token_tier if isinstance(self.runner, ModelRunner) else None  # a remote model's KV is its server's
         self.store = store if isinstance(store, SessionStore) else SessionStore(store) if store else SessionStore.open(default_data_dir())
         bot_name = Path(bot).stem if isinstance(bot, (str, Path)) else "default" if bot is None else "custom"
         conversations = Conversations(self.store, bot_name, user_id, self.system_prompt, vocab_size=self.chat_model.vocab_size)
-        needs_embedder = bool(drift) or self.bot is not None or bool(answer_cache)
         self.embed: Embed | None = None  # the sentence embedder for intents, drift and the answer cache, if they need one
-        if needs_embedder:
+        if drift or self.bot is not None or answer_cache:
             self.embed = embedder if callable(embedder) else sentence_embed(load_embedder(embedder, device=device))
         # The bot's intents are read by the model `chatcache train` stored for exactly its examples, if there is one.
         self.trained_intents = load_trained(self.bot, bot_name) if self.bot is not None else None
@@ -137,20 +131,14 @@ class ChatEngine:
             scope = Scope(self.chat_model.identity, bot_fingerprint(self.system_prompt), tenant)
             bot_texts = [self.system_prompt or "", *(self.bot.wording if self.bot else [])]
             self.answers = CachedAnswers(self.answer_cache, scope, self.runner, user_id, bot_texts=bot_texts)
-        count_tokens = lambda text: len(self.renderer.encode_text(text))  # noqa: E731
-        self.sessions = Sessions(self.store, conversations, self.token_tier, turn_tier or TurnTierConfig(), count_tokens, memory or MemoryConfig())
+        self.sessions = Sessions(self.store, conversations, self.token_tier, turn_tier or TurnTierConfig(), self.renderer, memory or MemoryConfig())
         self.turns = TurnPipeline(
-            renderer=self.renderer, context_window=self.context_window, system_ids=system_ids, system_prompt=self.system_prompt,
+            renderer=self.renderer, context_window=self.context_window, system_ids=self.system_ids, system_prompt=self.system_prompt,
             sessions=self.sessions, runner=self.runner, token_tier=self.token_tier, coordinator=self.coordinator, answers=self.answers, actions=self.actions, tenant=tenant, prefetch=prefetch,
         )  # fmt: skip
         self.given = GivenConversations(self.renderer, self.system_prompt, self.turns.reply_ids, self.embed)
-        self.admission = AdmissionEstimates(self.renderer, system_ids, self.token_tier, self.bot, self.answers, self.sessions, self.given)
+        self.admission = AdmissionEstimates(self.renderer, self.system_ids, self.token_tier, self.bot, self.answers, self.sessions, self.given)
         close_at_exit(self)  # a script that never closes its engine still spills its KV and closes its database
-
-    @property
-    def system_ids(self) -> list[int]:
-        """The system prompt's token ids, whose KV every session shares."""
-        return self.turns.system_ids
 
     @property
     def call_syntax(self) -> CallSyntax:
@@ -194,16 +182,7 @@ class ChatEngine:
                 grammar for a remote model.
         """
         params = GenerationConfig(max_new_tokens, temperature, top_p, _stops(stop), seed, repetition_penalty, reply_format)
-        if isinstance(self.runner, RemoteRunner):
-            self.runner.check(params)
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidMessageError("The message is empty: type something to send.")
-        check_storable(text)
-        holder: list[Reply] = []
-        pieces = self.turns.counted(self.turns.run(session_id, text, params, holder, admit))
-        stream = ReplyStream(pieces, lambda: holder[0] if holder else None, self.sessions.resident.config.abandon_stream_after_s)
-        close_at_exit(stream)  # a turn still open at exit checks its KV in while torch can still run
-        return stream
+        return self.turns.stream(Turn.for_session(session_id, text, params, admit))
 
     def astream(
         self,
@@ -265,12 +244,7 @@ class ChatEngine:
                 reply format, or a format a remote model cannot hold a reply to.
         """
         params = GenerationConfig(max_new_tokens, temperature, top_p, _stops(stop), seed, repetition_penalty, reply_format)
-        conversation, turn = self.given.turn(messages, kv_key, params, admit, tools, tool_choice, parallel_tool_calls, tool_route_threshold)
-        if isinstance(self.runner, RemoteRunner):
-            self.runner.check(turn.params)
-        holder: list[Reply] = []
-        pieces = self.turns.counted(self.turns.run_given(conversation, turn, holder))
-        return ReplyStream(pieces, lambda: holder[0] if holder else None, self.sessions.resident.config.abandon_stream_after_s)
+        return self.turns.stream(self.given.turn(messages, kv_key, params, admit, tools, tool_choice, parallel_tool_calls, tool_route_threshold))
 
     def warm_up(self, batch_sizes: Sequence[int] = ()) -> None:
         """Answer once off the record, so that the scheduler has measured its prefill rate and a
@@ -284,16 +258,15 @@ class ChatEngine:
         Raises:
             ConfigError: batch sizes on a remote model, whose scheduler is its server's.
         """
-        runner = self.runner
-        if batch_sizes and not isinstance(runner, ModelRunner):
+        if batch_sizes and not isinstance(self.runner, ModelRunner):
             raise ConfigError("A remote model's scheduler is its server's: only a local model's batches can be warmed up here.")
         with self.complete([Message("user", "Hello")], kv_key="warm-up", max_new_tokens=8, temperature=1.0, seed=0) as reply:
             for _ in reply:
                 pass
         if self.token_tier is not None:
             self.token_tier.drop("warm-up")
-        if isinstance(runner, ModelRunner):
-            runner.decode_batches(self.renderer.encode_text("Hello, how can I help you today?"), batch_sizes)
+        if isinstance(self.runner, ModelRunner):
+            self.runner.decode_batches(self.renderer.encode_text("Hello, how can I help you today?"), batch_sizes)
 
     def close(self) -> None:
         """Stop prefetching, spill idle sessions' KV to disk and close the session database.
@@ -303,11 +276,8 @@ class ChatEngine:
         goes on serving other engines on the same model (`ChatModel.close` stops it). Closing
         again does nothing more; an engine still open when the interpreter exits is closed then.
         """
-        if self.turns.prefetcher is not None:
-            self.turns.prefetcher.close()
-        if self.token_tier is not None:
-            self.token_tier.spill_all()
-        self.store.close()
+        self.turns.close()
+        self.sessions.close()
 
     def __enter__(self) -> ChatEngine:
         return self
@@ -322,9 +292,7 @@ class ChatEngine:
     def answer_cache_bound(self) -> BoundStatus | None:
         """The answer cache's error bound and what the audits measured (every replica's), for the
         app's panel and the server's replies; None without an answer cache or without a bound."""
-        if self.answer_cache is None or self.answer_cache.config.max_error_rate is None:
-            return None
-        return self.answer_cache.bound_status()
+        return self.answers.bound() if self.answers is not None else None
 
 
 def _stops(stop: str | Sequence[str] | None) -> tuple[str, ...]:

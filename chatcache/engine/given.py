@@ -1,6 +1,6 @@
 """Conversations the caller keeps (`ChatEngine.complete`: LangChain's way, an OpenAI-style
 request): checked, given the engine's system prompt when they have none, with tools bound, and
-turned into a `Turn` on a conversation that is never recorded.
+turned into a `Turn` on the conversation before its last message, which is never recorded.
 
 The token tier keys such a conversation by its start (`conversation_key`), so the next call,
 which repeats these messages plus a turn, prefills only the new tail.
@@ -67,8 +67,8 @@ class GivenConversations:
         tool_choice: ToolChoice,
         parallel_tool_calls: bool,
         tool_route_threshold: float | None,
-    ) -> tuple[Conversation, Turn]:
-        """The conversation before the last message, and the turn that answers it (`ChatEngine.complete`).
+    ) -> Turn:
+        """The turn that answers the last message, on the conversation before it (`ChatEngine.complete`).
 
         Raises:
             InvalidMessageError: what `checked` refuses.
@@ -90,12 +90,11 @@ class GivenConversations:
         conversation, question = self.split(messages, kv_key)
         system = conversation.system
         told = (system.content if system else "") + told  # tools are part of what the model was told, as the system message is
-        turn = Turn(
-            conversation.id, params, time.perf_counter(), question, given=True,
+        return Turn(
+            conversation.id, params, time.perf_counter(), question, given=conversation,
             prefix=renderer.system_ids(system.content) if system else [],
             bot=bot_fingerprint(told or None), admit=admit, renderer=renderer,
         )  # fmt: skip
-        return conversation, turn
 
     def exact_keys(
         self,

@@ -10,7 +10,6 @@ session (`agent_reply`, `hand_back`) goes through here too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from chatcache.dialog import DialogueEvent, DialogueState, DialogueStateMachine, EventType, State
@@ -18,7 +17,7 @@ from chatcache.storage import ChatSession, Fact, SessionStore
 from chatcache.storage import Message as StoredMessage
 
 from ..errors import InvalidMessageError
-from ..model.prompt import Message
+from ..model.prompt import Message, PromptRenderer
 from ..config import MemoryConfig
 from ..steering.handoff import handoff_summary
 from ..steering.session_memory import SessionMemory
@@ -36,7 +35,7 @@ class Sessions:
         conversations: loads and records the sessions' conversations.
         token_tier: the sessions' KV; None on a remote model, whose KV is its server's.
         turn_tier: the settings of each session's turn-tier entries.
-        count_tokens: the model's token count of a text (an agent's reply is stored with it).
+        renderer: the model's prompt renderer (an agent's reply is stored with its token count).
         memory: how many sessions, idle for how long, keep their state in memory.
     """
 
@@ -46,13 +45,13 @@ class Sessions:
         conversations: Conversations,
         token_tier: TokenTier | None,
         turn_tier: TurnTierConfig,
-        count_tokens: Callable[[str], int],
+        renderer: PromptRenderer,
         memory: MemoryConfig,
     ) -> None:
         self.store = store
         self.conversations = conversations
         self._token_tier = token_tier
-        self._count_tokens = count_tokens
+        self._renderer = renderer
         self.resident = ResidentSessions(memory, conversations, turn_tier, token_tier, self.expire)
 
     # -- what the apps and the server ask --------------------------------------------
@@ -161,6 +160,13 @@ class Sessions:
         for memory in self.resident.sessions():
             memory.entries.clear()
 
+    def close(self) -> None:
+        """Spill every session's KV to disk and close the session tier: the next process on the
+        same data directory continues each conversation from the one and restores its KV from the other."""
+        if self._token_tier is not None:
+            self._token_tier.spill_all()
+        self.store.close()
+
     def expire(self) -> list[str]:
         """Expire idle sessions in the session tier and let go of what they held; also drop
         turn-tier entries past their TTL in sessions that go on (periodic upkeep)."""
@@ -191,7 +197,7 @@ class Sessions:
             waiting = [m.seq for m in messages if m.role.value == "user" and m.seq not in answered]
             meta = {"tier": "agent", "agent": agent, "dialogue_state": State.HANDED_OFF.value}
             self.store.append_message(
-                session_id, "assistant", text, self._count_tokens(text), meta,
+                session_id, "assistant", text, len(self._renderer.encode_text(text)), meta,
                 reply_to=waiting[-1] if waiting else None, lease=conversation.lease,
             )  # fmt: skip
             self.resident.forget(session_id)  # rebuilt with the person's turn on the next one

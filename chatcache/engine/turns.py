@@ -1,29 +1,35 @@
-"""One turn, top to bottom (`TurnPipeline.run`), carried through named steps by one `Turn` record.
+"""One turn, top to bottom (`TurnPipeline.run`): named steps over one `Turn` record, each
+returning what it decided.
 
-- **receive**: the message is checked against the context window, then recorded in the
-  session tier, once, on arrival: whatever happens next, the user's words are not lost. A turn
-  that a server's admission control refuses (the client is told to retry) takes its message
-  back, so a refused turn changes nothing.
-- **understand**: the dialogue layer and drift detection read the turn and steer the tiers
-  (`steering/hcac.py`); the answer cache's scope follows. Returns what it read.
+- **receive**: a session's message is checked against the context window, then recorded in
+  the session tier, once, on arrival: whatever happens next, the user's words are not lost. A
+  turn that a server's admission control refuses (the client is told to retry) takes its
+  message back, so a refused turn changes nothing. A conversation the caller keeps (LangChain's
+  way, an OpenAI-style request) is taken as given: nothing of it is recorded.
+- **understand**: the dialogue layer, then drift detection (which reads the dialogue's intent),
+  read the turn and steer the tiers (`steering/hcac.py`); the answer cache's scope follows.
 - **serve**: the flow's own question, its action's response, a cached answer, or the model on
   the session's KV from the token tier, prefilling only what it lacks (`model_runner.py`), on a
   prompt laid out (**plan**) from the system prompt with confirmed facts and the turns that fit.
-- **commit**: the reply, dialogue state, prompt window and facts in one write.
+- **commit**: the reply, dialogue state, prompt window and facts in one write (of a given
+  conversation, only the ids our reply was generated as, for when the caller sends it back).
 
 A failed turn keeps the user's message in the record and changes nothing else; a cancelled
-one keeps what was said. A conversation the caller keeps (`run_given`: LangChain's way, an
-OpenAI-style request) goes through understand and serve and records nothing.
+one keeps what the model said.
 
-The served reply reaches the caller through a holder list, not a return value: a reader that
-stops reading closes the generator, and a closed generator's return value is lost.
+The turn yields the reply's pieces and returns the caller's `Reply`. A reader who stops reading
+closes it, which Python delivers as `GeneratorExit` at the piece being handed out: the turn
+catches it there, commits what was said and still returns the reply (`ReplyStream` keeps it).
+Only the outermost generator can: one closed inside a `yield from` loses its return value, so
+the serve step hands its reply over in what it returns (`Served`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from chatcache.dialog import ActionContext, ActionOutcome, Actions
@@ -31,16 +37,17 @@ from chatcache.dialog import ActionContext, ActionOutcome, Actions
 from ..answer_cache import CacheHit
 from ..answer_cache.answering import AnswerScope, CachedAnswers
 from ..config import GenerationConfig
-from ..errors import ContextWindowError
+from ..errors import ContextWindowError, InvalidMessageError
 from ..model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
 from ..model.remote import RemoteRunner
 from ..model.text_stream import token_pieces
 from ..model_runner import ModelRunner
-from ..reply import Reply, TurnStats
+from ..reply import Reply, ReplyStream, TurnStats
 from ..steering.hcac import ContextCoordinator, TurnContext
 from ..steering.session_memory import SessionMemory
-from ..tiers.conversations import Conversation
+from ..tiers.conversations import Conversation, check_storable
 from ..tiers.token_tier import TokenTier
+from ..worker_threads import close_at_exit
 from .sessions import Sessions
 
 Admit = Callable[[int, bool, float], None]
@@ -52,34 +59,50 @@ before the model runs; it raises to refuse the turn (the server's 429)."""
 
 @dataclass
 class Turn:
-    """One user turn as it flows through the steps; each step fills in what it decided."""
+    """One user turn as the caller asked it; the steps read it and return what they decide."""
 
     session_id: str  # also the token tier's entry: the session, or the given conversation's key
     params: GenerationConfig
     started: float
     user: Message
-    given: bool = False  # the caller keeps the conversation (`complete`): nothing is recorded
+    given: Conversation | None = None  # the conversation the caller keeps (`complete`), before `user`: nothing is recorded
     prefix: list[int] | None = None  # the shared system-prompt ids to start from (default: the engine's)
     renderer: PromptRenderer | None = None  # lays out a given conversation (default: the engine's; one with tools)
     bot: str | None = None  # the answer cache's bot fingerprint (default: the engine's)
     admit: Admit | None = None
-    created_session: bool = False  # this turn created its session (one refused deletes it again)
-    user_seq: int = 0
-    context: TurnContext = field(default_factory=TurnContext)
-    scope: AnswerScope | None = None
-    stats: TurnStats = field(default_factory=TurnStats)
-    reply: Message | None = None
-    action: ActionOutcome | None = None  # the flow's action this turn performed
-    committed: bool = False
+    stats: TurnStats = field(default_factory=TurnStats)  # how it was served, counted as it is (the model runner's too)
+
+    @classmethod
+    def for_session(cls, session_id: str, text: str, params: GenerationConfig, admit: Admit | None) -> Turn:
+        """A session's turn on `text`, which is checked now, before anything runs.
+
+        Raises:
+            InvalidMessageError: empty text, or text no database can store.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidMessageError("The message is empty: type something to send.")
+        check_storable(text)
+        return cls(session_id, params, time.perf_counter(), Message("user", text), admit=admit)
 
     @property
     def text(self) -> str:
         return self.user.content
 
+
+@dataclass(frozen=True)
+class Received:
+    """What the receive step holds the turn to: the conversation it answers, the session's
+    memory (None for a conversation the caller keeps) and the seq of the user's message."""
+
+    conversation: Conversation
+    memory: SessionMemory | None
+    user_seq: int
+    created_session: bool = False  # this turn created its session (one refused deletes it again)
+
     @property
-    def id(self) -> str:
+    def turn_id(self) -> str:
         """The turn's id (dialogue events, action idempotency): the same for every retry of it."""
-        return f"{self.session_id}:{self.user_seq}"
+        return f"{self.conversation.id}:{self.user_seq}"
 
 
 @dataclass(frozen=True)
@@ -88,6 +111,24 @@ class Understanding:
 
     context: TurnContext
     scope: AnswerScope | None
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the serve step decided (the turn's stats say who answers): the reply's pieces, which
+    the turn streams to its reader, and the reply they make (`reply`)."""
+
+    pieces: Iterator[str]
+    text: str | None = None  # a flow's, an action's or a cached reply: known before its pieces
+    generated: list[Message] = field(default_factory=list)  # the model's: the runner hands it over as it stops
+    action: ActionOutcome | None = None  # the flow's action this turn performed
+
+    def reply(self, read_to_end: bool) -> Message | None:
+        """The reply once the pieces have stopped: the model's keeps what it generated, also for
+        a reader who stopped reading; any other is the reply only if it was read to the end."""
+        if self.generated:
+            return self.generated[0]
+        return Message("assistant", self.text) if self.text is not None and read_to_end else None
 
 
 class TurnPipeline:
@@ -132,123 +173,151 @@ class TurnPipeline:
         """Whether a user turn is running (prefetch stays out of its way)."""
         return self._running > 0
 
-    def counted(self, pieces: Generator[str, None, None]) -> Generator[str, None, None]:
-        """`pieces`, with the pipeline marked busy while they run."""
+    def stream(self, turn: Turn) -> ReplyStream:
+        """The turn as its caller reads it, closed at exit if still open (its KV checked in while
+        torch can still run).
+
+        Raises:
+            ConfigError: a decoding setting the remote model can never follow (at once).
+        """
+        if isinstance(self.runner, RemoteRunner):
+            self.runner.check(turn.params)
+        stream = ReplyStream(self.run(turn), self.sessions.resident.config.abandon_stream_after_s)
+        close_at_exit(stream)
+        return stream
+
+    def close(self) -> None:
+        """Stop prefetching."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+    # -- the turn ------------------------------------------------------------------------
+
+    def run(self, turn: Turn) -> Generator[str, None, Reply | None]:
+        """One turn, through its steps in order: receive, understand, serve, commit. Yields the
+        reply's pieces and returns the caller's reply; None where nothing was said (a flow's or a
+        cached reply whose reader stopped before its end)."""
+        with self._counted(), self.receive(turn) as received:
+            understood = self.understand(received, turn)
+            served = self.serve(received, turn, understood)
+            read_to_end = False
+            try:
+                yield from served.pieces
+                read_to_end = True
+            except GeneratorExit:
+                pass  # the reader stopped: the model's reply keeps what was generated
+            said = served.reply(read_to_end)
+            self.commit(received, turn, understood, said, served.action)
+        left_for_agent = understood.context.awaiting_agent and received.user_seq == received.conversation.last_seq
+        return self.reply_of(turn, understood.context, said, served.action) if said is not None or left_for_agent else None
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        """The pipeline marked busy while a turn runs."""
         with self._running_lock:
             self._running += 1
         try:
-            yield from pieces
+            yield
         finally:
             with self._running_lock:
                 self._running -= 1
 
-    # -- a session's turn --------------------------------------------------------------
+    # -- the steps -----------------------------------------------------------------------
 
-    def run(self, session_id: str, text: str, params: GenerationConfig, holder: list[Reply], admit: Admit | None) -> Generator[str, None, None]:
-        """One turn of a session, through its steps in order: receive, understand, serve, commit."""
-        turn = Turn(session_id, params, time.perf_counter(), Message("user", text), admit=admit)
-        # Checked before the session is opened, so an oversized first message creates nothing; a
-        # new session's system message is the bot's prompt alone (it has no facts yet).
-        self.check_fits(self._bare_system, turn.user, params.max_new_tokens)
-        with self.sessions.hold(session_id, create=True) as memory, self.sessions.conversations.turn(memory.conversation) as rebuilt:
+    @contextmanager
+    def receive(self, turn: Turn) -> Iterator[Received]:
+        """The turn's conversation held for it: a session's with its message recorded, its lock
+        and its lease held; a given one's KV key locked (one turn at a time on that KV). A
+        session's turn that fails forgets what it changed in memory, which was never stored.
+
+        Raises:
+            ContextWindowError: the message cannot fit the context window even with no history;
+                checked before the session is opened, so an oversized first message creates nothing.
+        """
+        if turn.given is not None:
+            with self.sessions.hold_kv(turn.session_id):
+                yield Received(turn.given, None, turn.given.last_seq + 1)
+            return
+        # A new session's system message is the bot's prompt alone (it has no facts yet).
+        self.check_fits(self._bare_system, turn.user, turn.params.max_new_tokens)
+        with self.sessions.hold(turn.session_id, create=True) as memory, self.sessions.conversations.turn(memory.conversation) as rebuilt:
             conversation = memory.conversation
             if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
                 memory.forget_topic()
             try:
                 if conversation.system != self._bare_system:  # the session's facts lengthen the system message
-                    self.check_fits(conversation.system, turn.user, params.max_new_tokens)
-                turn.created_session = conversation.created_empty
-                turn.user_seq = self.sessions.conversations.record_user(conversation, text, len(self.renderer.encode_text(text)))
-                understood = self.understand(conversation, turn, memory)
-                turn.context, turn.scope = understood.context, understood.scope
-                try:
-                    yield from self.serve(conversation, turn)
-                except GeneratorExit:
-                    pass  # the reader stopped: the model's reply keeps what was generated
-                if turn.reply is not None:
-                    self.commit(memory, turn)
-            finally:
-                if not turn.committed:  # what the turn changed in memory was never stored
-                    self.sessions.forget(session_id)  # rebuilt from the record, its drift topic from the stored turns
-                    self.sessions.conversations.discard_if_created_empty(conversation)
-            if turn.committed or (turn.context.awaiting_agent and turn.user_seq == conversation.last_seq):
-                holder.append(self.reply_of(turn))
+                    self.check_fits(conversation.system, turn.user, turn.params.max_new_tokens)
+                created = conversation.created_empty
+                user_seq = self.sessions.conversations.record_user(conversation, turn.text, len(self.renderer.encode_text(turn.text)))
+                yield Received(conversation, memory, user_seq, created)
+            except BaseException:
+                self.sessions.forget(turn.session_id)  # rebuilt from the record, its drift topic from the stored turns
+                self.sessions.conversations.discard_if_created_empty(conversation)
+                raise
 
-    def run_given(self, conversation: Conversation, turn: Turn, holder: list[Reply]) -> Generator[str, None, None]:
-        """A turn on a conversation the caller keeps: understand and serve, with nothing to record."""
-        with self.sessions.hold_kv(turn.session_id):  # one turn at a time on the key's KV
-            turn.user_seq = conversation.last_seq + 1
-            understood = self.understand(conversation, turn, None)
-            turn.context, turn.scope = understood.context, understood.scope
-            try:
-                yield from self.serve(conversation, turn)
-            except GeneratorExit:
-                pass  # the reader stopped: the model's reply keeps what was generated
-        reply = turn.reply
-        if reply is None:
-            return
-        if reply.generated_ids and turn.stats.finish_reason != "stop":  # a reply cut at a stop string is not its ids' text
-            self.reply_ids.remember(reply.content, reply.generated_ids)
-        holder.append(self.reply_of(turn))
-
-    # -- the steps -----------------------------------------------------------------------
-
-    def understand(self, conversation: Conversation, turn: Turn, memory: SessionMemory | None) -> Understanding:
-        """The dialogue layer and drift detection read the turn (and steer the session's
-        `memory`; a given conversation has none); the answer cache's scope follows."""
+    def understand(self, received: Received, turn: Turn) -> Understanding:
+        """The dialogue layer and drift detection read the turn (and steer the session's memory;
+        a given conversation has none); the answer cache's scope follows."""
         context = TurnContext()
-        if self.coordinator is not None and memory is not None:  # the dialogue state lives in a session
-            context = self.coordinator.before_reply(memory, turn.text, turn.id)
-        turn.stats.drift, turn.stats.drift_undone, turn.stats.promoted = context.drift, context.reset_undone, context.promoted
+        if self.coordinator is not None and received.memory is not None:  # the dialogue state lives in a session
+            context = self.coordinator.before_reply(received.memory, turn.text, received.turn_id)
         scope = None
         if self.answers is not None:
             reply_format = turn.params.reply_format
-            scope = self.answers.scope(conversation, context, turn.text, bot=turn.bot, reply_format=reply_format.key if reply_format else "")
+            scope = self.answers.scope(received.conversation, context, turn.text, bot=turn.bot, reply_format=reply_format.key if reply_format else "")
         return Understanding(context, scope)
 
-    def serve(self, conversation: Conversation, turn: Turn) -> Generator[str, None, None]:
-        """The reply: the flow's own question, its action's response, a cached answer, or the
-        model on the session's KV; left in `turn.reply` (see the module's docstring for why)."""
-        stats, params = turn.stats, turn.params
-        if turn.context.awaiting_agent:  # handed off: the message waits for the person, nobody replies now
+    def serve(self, received: Received, turn: Turn, understood: Understanding) -> Served:
+        """Who answers: the flow's own question, its action's response, a cached answer, or the
+        model on the session's KV; the answer's pieces are made as the turn reads them."""
+        stats, context, conversation = turn.stats, understood.context, received.conversation
+        if context.awaiting_agent:  # handed off: the message waits for the person, nobody replies now
             stats.tier, stats.finish_reason, stats.ttft_s = "agent", "handed_off", time.perf_counter() - turn.started
-            return
-        if turn.context.action is not None and self.actions is not None and turn.context.intent is not None:
+            return Served(iter(()))
+        if context.action is not None and self.actions is not None and context.intent is not None:
             # The flow acts: the bot's code runs, and its response template is the reply.
             slots = {str(k): str(v) for k, v in conversation.dialogue.slots.items()} if conversation.dialogue else {}
-            who = ActionContext(self.tenant, self.sessions.conversations.user_id, turn.session_id, turn.id)
-            turn.action = self.actions.perform(turn.context.intent, slots, who)
+            who = ActionContext(self.tenant, self.sessions.conversations.user_id, turn.session_id, received.turn_id)
+            action = self.actions.perform(context.intent, slots, who)
             stats.tier, stats.finish_reason, stats.ttft_s = "action", "action", time.perf_counter() - turn.started
             # What the flow says after the action's reply: the answer to, or offer of, a second request.
-            said = "\n\n".join(part for part in (turn.action.reply, turn.context.bot_reply) if part)
-            yield said
-            turn.reply = Message("assistant", said)
-        elif turn.context.bot_reply is not None:
+            said = "\n\n".join(part for part in (action.reply, context.bot_reply) if part)
+            return Served(iter([said]), said, action=action)
+        if context.bot_reply is not None:
             # The flow needs a slot or a confirmation: the bot's own question is the answer.
             stats.tier, stats.finish_reason, stats.ttft_s = "dialog", "flow", time.perf_counter() - turn.started
-            yield turn.context.bot_reply
-            turn.reply = Message("assistant", turn.context.bot_reply)
-        elif (hit := self._cached(turn)) is not None:
-            assert self.answers is not None
+            return Served(iter([context.bot_reply]), context.bot_reply)
+        if (hit := self._cached(turn, understood)) is not None:
             stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
             stats.ttft_s = time.perf_counter() - turn.started
-            yield from token_pieces(self.renderer.tokenizer, hit.answer)  # streamed as a generated answer would be, for UIs and callbacks
-            turn.reply = Message("assistant", hit.answer)
-            self.answers.maybe_audit(hit, params, lambda: self.plan(conversation, turn))
-        else:
-            prompt = self.plan(conversation, turn)
-            stats.dropped_turns = prompt.dropped_turns
-            self._admit(conversation, turn, prompt)
-            generated: list[Message] = []
-            try:
-                yield from self.runner.stream(turn.session_id, prompt, params, stats, turn.started, generated, turn.prefix)
-            finally:  # also when the reader stopped: the runner kept what was generated
-                if generated:
-                    turn.reply = generated[0]
-            if self.answers is not None and turn.scope is not None and generated:
-                self.answers.store(turn.text, generated[0], turn.scope, turn.context, stats, params, turn.started)
+            return Served(self._cached_pieces(hit, conversation, turn), hit.answer)
+        prompt = self.plan(conversation, turn)
+        stats.dropped_turns = prompt.dropped_turns
+        self._admit(received, turn, prompt)
+        generated: list[Message] = []
+        return Served(self._generated_pieces(turn, understood, prompt, generated), generated=generated)
 
-    def _admit(self, conversation: Conversation, turn: Turn, prompt: Prompt) -> None:
+    def _cached(self, turn: Turn, understood: Understanding) -> CacheHit | None:
+        """The answer cache's answer for the turn, looked up only once no flow or action answers it."""
+        if self.answers is None or understood.scope is None:
+            return None
+        return self.answers.lookup(turn.text, understood.scope, understood.context, turn.params)
+
+    def _cached_pieces(self, hit: CacheHit, conversation: Conversation, turn: Turn) -> Generator[str, None, None]:
+        """A cached answer streamed as a generated one would be (for UIs and callbacks); a sample
+        of those read to the end is audited against the model."""
+        assert self.answers is not None
+        yield from token_pieces(self.renderer.tokenizer, hit.answer)
+        self.answers.maybe_audit(hit, turn.params, lambda: self.plan(conversation, turn))
+
+    def _generated_pieces(self, turn: Turn, understood: Understanding, prompt: Prompt, generated: list[Message]) -> Generator[str, None, None]:
+        """The model's reply on the turn's KV, handed over in `generated`; one it ended itself
+        may be stored in the answer cache."""
+        yield from self.runner.stream(turn.session_id, prompt, turn.params, turn.stats, turn.started, generated, turn.prefix)
+        if self.answers is not None and understood.scope is not None and generated:
+            self.answers.store(turn.text, generated[0], understood.scope, understood.context, turn.stats, turn.params, turn.started)
+
+    def _admit(self, received: Received, turn: Turn, prompt: Prompt) -> None:
         """A server's admission control decides on a model turn on a local model; a refused turn
         takes back its recorded message and gives back the memory it held (`TokenTier.reserve`,
         so that turns let in together never wait for each other's memory)."""
@@ -262,22 +331,25 @@ class TurnPipeline:
         except BaseException:
             if held:
                 tier.release(turn.session_id)
-            if not turn.given:
-                self.sessions.conversations.withdraw_user(conversation, turn.user_seq, turn.created_session)
+            if turn.given is None:
+                self.sessions.conversations.withdraw_user(received.conversation, received.user_seq, received.created_session)
             raise
 
-    def _cached(self, turn: Turn) -> CacheHit | None:
-        """The answer cache's answer for the turn, looked up only once no flow or action answers it."""
-        if self.answers is None or turn.scope is None:
-            return None
-        return self.answers.lookup(turn.text, turn.scope, turn.context, turn.params)
-
-    def commit(self, memory: SessionMemory, turn: Turn) -> None:
-        """Store the reply and everything the turn changed, in one write; then the in-memory follow-ups."""
-        assert turn.reply is not None
-        conversation, context = memory.conversation, turn.context
+    def commit(self, received: Received, turn: Turn, understood: Understanding, said: Message | None, action: ActionOutcome | None) -> None:
+        """Store the reply and everything the turn changed, in one write; then the in-memory
+        follow-ups. A session's turn that said nothing forgets what it changed in memory; of a
+        given conversation only the ids our reply was generated as are kept, for when it is sent back."""
+        memory, context = received.memory, understood.context
+        if memory is None:
+            if said is not None and said.generated_ids and turn.stats.finish_reason != "stop":  # a reply cut at a stop string is not its ids' text
+                self.reply_ids.remember(said.content, said.generated_ids)
+            return
+        if said is None:
+            self.sessions.forget(turn.session_id)  # rebuilt from the record, its drift topic from the stored turns
+            return
+        conversation = memory.conversation
         if self.coordinator is not None:
-            self.coordinator.after_reply(conversation, context, turn.id)
+            self.coordinator.after_reply(conversation, context, received.turn_id)
         meta = {
             "tier": turn.stats.tier,
             "finish_reason": turn.stats.finish_reason,
@@ -288,30 +360,30 @@ class TurnPipeline:
             "intent": context.intent,
             "drift": context.drift,
             "dialogue_state": context.dialogue_state,
-            "action": turn.action.as_dict() if turn.action is not None else None,
+            "action": action.as_dict() if action is not None else None,
         }
-        self.sessions.conversations.commit(conversation, turn.user, turn.user_seq, turn.reply, meta)
-        turn.committed = True
+        self.sessions.conversations.commit(conversation, turn.user, received.user_seq, said, meta)
         if self.prefetcher is not None:
             previous = memory.entries.get("last_question")
             current = (turn.text, context.intent)
             memory.entries.put("last_question", current)
             self.prefetcher.after_turn(turn.session_id, [previous, current] if previous else [current])
 
-    def reply_of(self, turn: Turn) -> Reply:
+    def reply_of(self, turn: Turn, context: TurnContext, said: Message | None, action: ActionOutcome | None) -> Reply:
         """The caller's reply; empty for a message left for the person a session was handed to."""
-        turn.stats.total_s = time.perf_counter() - turn.started
-        turn.stats.kv_bytes = self.token_tier.resident_bytes() if self.token_tier is not None else 0
-        context = turn.context
+        stats = turn.stats
+        stats.total_s = time.perf_counter() - turn.started
+        stats.kv_bytes = self.token_tier.resident_bytes() if self.token_tier is not None else 0
+        stats.drift, stats.drift_undone, stats.promoted = context.drift, context.reset_undone, context.promoted
         return Reply(
             turn.session_id,
-            turn.reply.content if turn.reply is not None else "",
-            list(turn.reply.generated_ids or ()) if turn.reply is not None else [],
-            turn.stats,
+            said.content if said is not None else "",
+            list(said.generated_ids or ()) if said is not None else [],
+            stats,
             intent=context.intent,
             confidence=context.confidence,
             dialogue_state=context.dialogue_state,
-            action=turn.action,
+            action=action,
         )
 
     # -- the prompt ----------------------------------------------------------------------
@@ -332,7 +404,7 @@ class TurnPipeline:
 
     def plan(self, conversation: Conversation, turn: Turn) -> Prompt:
         """The prompt: a session's turns that fit, or the given conversation whole."""
-        if not turn.given:
+        if turn.given is None:
             laid_out, start = self.layout(conversation, turn.user, turn.params.max_new_tokens, conversation.segments)
             conversation.context_start = start  # from now on, and after a restart once the turn commits
             # The user's segment is not memoized: if this turn fails, another message takes its place.

@@ -79,15 +79,18 @@ def slow_replies():  # type: ignore[no-untyped-def]
         def stream(*args, **kwargs):  # type: ignore[no-untyped-def]
             inner = real(*args, **kwargs)
 
-            def pieces():  # type: ignore[no-untyped-def]
+            def turn():  # type: ignore[no-untyped-def]
                 try:
                     for piece in inner:
                         time.sleep(delay)
                         yield piece
+                except GeneratorExit:
+                    pass  # the reader stopped: the inner turn keeps what was generated
                 finally:
                     inner.close()
+                return inner.reply
 
-            return ReplyStream(pieces(), lambda: inner.reply)
+            return ReplyStream(turn())
 
         engine.stream = stream
         return lambda: setattr(engine, "stream", real)

@@ -91,7 +91,7 @@ async def test_escape_cancels_the_reply_and_keeps_the_users_message(engine, make
         assert not app.generating
         user, bot = log.messages
         assert user.text == "hello" and bot.border_subtitle == "cancelled"
-        records = engine.store.messages("s-1")
+        records = engine.sessions.records("s-1")
         assert [r.role for r in records] == ["user", "assistant"] and records[0].content == "hello"
         assert records[1].meta["finish_reason"] == "cancelled"
         assert "finish    cancelled" in panel_text(app, "turn-stats")
@@ -122,7 +122,7 @@ async def test_an_engine_error_is_a_notice_and_the_app_keeps_running(engine, mak
             yield "partial "
             raise RuntimeError("the model ran out of memory")
 
-        return ReplyStream(pieces(), lambda: None)
+        return ReplyStream(pieces())
 
     engine.stream = broken
     app = make_app(engine)
@@ -168,7 +168,12 @@ async def test_drift_and_dialogue_are_shown_in_the_panel(engine, make_app, settl
     def scripted(session_id, text, **kwargs):  # type: ignore[no-untyped-def]
         stats = TurnStats(tier="prefix", drift=True, answer_cache_hit=True, ttft_s=0.02)
         reply = Reply(session_id, "Sure.", [], stats, intent="book_table", confidence=0.87, dialogue_state="COLLECTING")
-        return ReplyStream(iter(["Sure."]), lambda: reply)
+
+        def turn():  # type: ignore[no-untyped-def]
+            yield "Sure."
+            return reply
+
+        return ReplyStream(turn())
 
     engine.stream = scripted
     app = make_app(engine)

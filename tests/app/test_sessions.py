@@ -56,7 +56,7 @@ async def test_rename_shows_the_title_in_the_sidebar(engine, make_app, settle) -
         await pilot.pause()
         assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "Trip plans"
         assert app.sub_title.startswith("Trip plans · bot:")
-        assert engine.store.get_session("s-1").title == "Trip plans"
+        assert engine.sessions.get("s-1").title == "Trip plans"
 
 
 async def test_delete_asks_then_removes_the_session_and_its_history(engine, make_app, settle, seed_session) -> None:  # type: ignore[no-untyped-def]
@@ -133,7 +133,7 @@ async def test_a_title_too_long_to_store_is_refused_with_a_notice(engine, make_a
         await pilot.press(*("t" * 201), "enter")
         await pilot.pause()
         assert seen == [("session title is 201 characters long, over the limit of 200; nothing was written", "warning")]
-        assert engine.store.get_session("s-1").title == "hello"
+        assert engine.sessions.get("s-1").title == "hello"
         assert str(app.query_one(SessionList).get_option_at_index(0).prompt) == "hello"
 
 

@@ -151,5 +151,5 @@ def test_a_kept_result_in_a_turn_says_so_and_the_model_never_runs(make_engine, t
     assert first.action is not None and not first.action.cached
     assert second.action is not None and second.action.cached and second.stats.tier == "action"
     assert second.stats.generated_tokens == 0
-    assert engine.store.messages("s")[-1].meta["action"]["cached"] is True
+    assert engine.sessions.records("s")[-1].meta["action"]["cached"] is True
     assert engine.actions is not None and engine.actions.results.stats.hits == 1

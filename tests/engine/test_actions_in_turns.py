@@ -33,9 +33,9 @@ def test_a_confirmed_flow_runs_its_action_and_replies_with_its_response(bank) ->
     calls = engine.actions["transfer"].__globals__["calls"]
     (_, _, context), = calls
     assert (context.tenant, context.user_id, context.session_id) == ("acme", "alice", "s")
-    stored = engine.store.messages("s")[-1]
+    stored = engine.sessions.records("s")[-1]
     assert stored.content == done.text and stored.meta["action"]["result"] == {"reference": "T-1"}
-    dialogue = stored_dialogue("s", engine.store.get_session("s").state)
+    dialogue = stored_dialogue("s", engine.sessions.get("s").state)
     assert dialogue is not None and dialogue.state == "DONE"
 
 

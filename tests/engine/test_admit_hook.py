@@ -73,4 +73,4 @@ def test_a_refused_first_turn_leaves_no_session_but_a_created_empty_one_stays(ba
         list(engine.stream("made", TURNS[2], max_new_tokens=6, admit=refuse))
     assert [s.id for s in engine.sessions.all()] == ["made"]
     assert engine.chat("new", TURNS[2], max_new_tokens=6).text  # the id is free: the retry starts it
-    assert len(engine.store.messages("new")) == 2
+    assert len(engine.sessions.records("new")) == 2

@@ -19,7 +19,7 @@ TRANSFER = "I want to transfer 200 dollars to account 12345674"
 
 def stored_flow_state(engine) -> State | None:  # type: ignore[no-untyped-def]
     """Where session "s" stands in its flow, as the session tier keeps it."""
-    dialogue = stored_dialogue("s", engine.store.get_session("s").state)
+    dialogue = stored_dialogue("s", engine.sessions.get("s").state)
     return dialogue.state if dialogue is not None else None
 
 
@@ -39,7 +39,7 @@ def test_flow_asks_for_confirmation_without_running_the_model(bank) -> None:  # 
     assert reply.intent == "transfer_money" and reply.dialogue_state == "CONFIRMING"
     assert reply.stats.tier == "dialog" and reply.stats.generated_tokens == 0
     assert "200" in reply.text and "12345674" in reply.text
-    session = engine.store.get_session("s")
+    session = engine.sessions.get("s")
     dialogue = stored_dialogue("s", session.state)
     assert dialogue is not None and dialogue.state == State.CONFIRMING and dialogue.flow_active
     assert session.pinned is True  # mid-flow: the session tier keeps it from expiring
@@ -49,12 +49,12 @@ def test_flow_asks_for_confirmation_without_running_the_model(bank) -> None:  # 
 def test_confirmed_intent_is_promoted_and_remembered_after_a_restart(bank, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     engine = bank()
     engine.chat("s", TRANSFER, max_new_tokens=8)
-    before = engine.store.get_session("s").version
+    before = engine.sessions.get("s").version
     reply = engine.chat("s", "yes, do it", max_new_tokens=8)
     assert reply.stats.tier != "dialog"  # the model answers once the flow acts
     facts = {(f.kind.value, f.name): f.value for f in engine.store.facts("s")}
     assert facts == {("intent", "current"): "transfer_money", ("slot", "amount"): "200", ("slot", "to_account"): "12345674"}
-    assert engine.store.get_session("s").version > before
+    assert engine.sessions.get("s").version > before
     assert stored_flow_state(engine) == State.DONE
     engine.close()
     restarted = bank()
@@ -80,7 +80,7 @@ def test_ending_a_session_releases_turn_and_token_tiers(bank) -> None:  # type: 
     engine.sessions.end("s")
     assert engine.sessions.loaded("s") is None  # its memory, turn-tier entries with it
     assert "s" not in engine.token_tier._sessions
-    assert engine.store.get_session("s").status.value == "ended"
+    assert engine.sessions.get("s").status.value == "ended"
 
 
 def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -92,7 +92,7 @@ def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed
     now[0] += timedelta(hours=25)
     assert engine.sessions.expire() == ["idle"]
     assert engine.sessions.loaded("idle") is None and "idle" not in engine.token_tier._sessions
-    assert engine.store.get_session("busy").status.value == "active"
+    assert engine.sessions.get("busy").status.value == "active"
     assert engine.sessions.loaded("busy").entries.get("intent_candidate")[0] == "transfer_money"
 
 
@@ -121,14 +121,14 @@ def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(
     understand = engine.coordinator.before_reply
 
     def meddling(memory, *args):  # type: ignore[no-untyped-def]
-        stored = engine.store.get_session("s")
+        stored = engine.sessions.get("s")
         engine.store.update_state("s", {**stored.state, "other_writer": 1}, stored.version)  # ignores the lease
         return understand(memory, *args)
 
     monkeypatch.setattr(engine.coordinator, "before_reply", meddling)
     with pytest.raises(StaleVersionError):
         engine.chat("s", "yes, do it", max_new_tokens=8)
-    assert [m.role.value for m in engine.store.messages("s")] == ["user", "assistant", "user"]
+    assert [m.role.value for m in engine.sessions.records("s")] == ["user", "assistant", "user"]
     assert engine.store.facts("s") == facts
     assert stored_flow_state(engine) == State.CONFIRMING
     monkeypatch.undo()
@@ -147,7 +147,7 @@ def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> No
     conversation = engine.sessions.open("s", create=False).conversation
     assert conversation.context_start == 2  # the first turn left the prompt...
     assert len(engine.sessions.history("s")) == 4  # ...but not the record
-    assert engine.store.get_session("s").state["context_start"] == 2
+    assert engine.sessions.get("s").state["context_start"] == 2
     follow = engine.chat("s", "yes", max_new_tokens=6)  # the flow goes on in the new topic
     assert not follow.stats.drift and follow.intent == "transfer_money"
     assert "on Saturday" not in engine.renderer.tokenizer.decode(engine.token_tier._sessions["s"].ids)
@@ -160,7 +160,7 @@ def test_a_turn_back_on_the_dropped_topic_undoes_the_drift_reset(bank) -> None: 
     engine = bank(drift=True)
     engine.chat("s", "What are your opening hours on Saturday?", max_new_tokens=6)
     assert engine.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6).stats.drift
-    assert engine.store.get_session("s").state["reset_from"] == 0
+    assert engine.sessions.get("s").state["reset_from"] == 0
     engine.close()
     restarted = bank(drift=True)
     assert restarted.chat("s", "ok", max_new_tokens=6).stats.drift_undone is False  # says nothing about the topic: still pending
@@ -177,7 +177,7 @@ def test_a_turn_on_the_new_topic_makes_the_drift_reset_final(bank) -> None:  # t
     assert engine.chat("s", "Please send 200 dollars to account 12345674", max_new_tokens=6).stats.drift
     follow = engine.chat("s", "Send the money from my checking account", max_new_tokens=6)
     assert not follow.stats.drift_undone and not follow.stats.drift
-    state = engine.store.get_session("s").state
+    state = engine.sessions.get("s").state
     assert (state["context_start"], state["reset_from"]) == (2, None)
     assert not any("on Saturday" in m.content for m in engine.sessions.open("s", create=False).conversation.window())
 
@@ -228,4 +228,4 @@ def test_upkeep_drops_expired_turn_tier_entries_of_live_sessions(bank) -> None: 
     entries._clock = lambda: time.monotonic() + entries.config.ttl_s + 1  # the entries' own clock, moved past their TTL
     assert engine.sessions.expire() == []  # the session itself is far from its TTL
     assert len(entries) == 0
-    assert engine.store.get_session("s").status.value == "active"
+    assert engine.sessions.get("s").status.value == "active"

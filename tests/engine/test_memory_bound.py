@@ -153,7 +153,7 @@ def test_a_session_in_a_turn_in_another_thread_is_not_let_go_of(make_engine, tin
     assert got == want[:1]
     assert engine.sessions.loaded("x") is None and engine.sessions.loaded("y") is None
     assert engine.chat("busy", TEXTS[1], max_new_tokens=10).token_ids == want[1]
-    assert [m.content for m in engine.store.messages("busy") if m.role.value == "user"] == TEXTS[:2]
+    assert [m.content for m in engine.sessions.records("busy") if m.role.value == "user"] == TEXTS[:2]
 
 
 def test_a_turn_waiting_for_a_conversation_dropped_meanwhile_takes_the_rebuilt_one(  # type: ignore[no-untyped-def]

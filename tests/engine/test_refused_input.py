@@ -25,8 +25,8 @@ def test_a_message_no_database_can_store_is_refused_before_anything_is_recorded(
     engine.chat("s", "Hello", max_new_tokens=4)
     with pytest.raises(InvalidMessageError, match=problem):
         engine.chat("s", text)
-    assert [m.content for m in engine.store.messages("s")][0] == "Hello"
-    assert len(engine.store.messages("s")) == 2
+    assert [m.content for m in engine.sessions.records("s")][0] == "Hello"
+    assert len(engine.sessions.records("s")) == 2
 
 
 SETTINGS = {
@@ -102,4 +102,4 @@ def test_a_reply_in_which_the_model_wrote_a_nul_is_shown_and_recorded_with_a_rep
     shown = "".join(stream)
     assert stream.reply is not None and nul in stream.reply.token_ids  # the ids stay exact
     assert "\x00" not in shown and "\ufffd" in shown and shown == stream.reply.text
-    assert engine.store.messages("s")[1].content == shown
+    assert engine.sessions.records("s")[1].content == shown

@@ -147,7 +147,7 @@ def test_a_server_that_dies_fails_the_turn_and_keeps_the_message(tmp_path: Path)
     server.process.wait()
     with pytest.raises(RemoteModelError, match=f"127.0.0.1:{port}"):
         engine.chat("s", "Are you there?", max_new_tokens=16)
-    record = [(m.role.value, m.content) for m in engine.store.messages("s")]
+    record = [(m.role.value, m.content) for m in engine.sessions.records("s")]
     assert record[2:] == [("user", "Are you there?")]
     with LlamaServer.start(tmp_path / "server.log", port=port):
         reply = engine.chat("s", "Are you there now?", max_new_tokens=16)

@@ -68,7 +68,7 @@ def test_a_turn_whose_eviction_spill_fails_keeps_its_reply_and_the_next_turn_rec
     assert "Could not spill" in caplog.text
     assert list(spill.iterdir()) == []  # no partial file
     for session in ("a", "b"):
-        said = [(m.role.value, m.content) for m in engine.store.messages(session)]
+        said = [(m.role.value, m.content) for m in engine.sessions.records(session)]
         texts = [text for s, text in TURNS if s == session]
         replies_of = [r.text for r, (s, _) in zip(replies, TURNS) if s == session]
         assert said == [pair for t, r in zip(texts, replies_of) for pair in (("user", t), ("assistant", r))]

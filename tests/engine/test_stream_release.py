@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -225,7 +225,7 @@ class StandInTurn:
     def __init__(self) -> None:
         self.go, self.released = threading.Event(), threading.Event()
 
-    def pieces(self) -> Iterator[str]:
+    def pieces(self) -> Generator[str, None, None]:
         try:
             yield "a"
             self.go.wait(WAIT_S)
@@ -239,7 +239,7 @@ def test_a_piece_being_made_is_never_abandoned_however_long_it_takes() -> None:
     """While the reader waits inside `next` for longer than the bound, the stream stays open;
     once the reader stops taking pieces, it is closed within the bound."""
     turn = StandInTurn()
-    stream = ReplyStream(turn.pieces(), lambda: None, abandon_after_s=0.2)
+    stream = ReplyStream(turn.pieces(), abandon_after_s=0.2)
     assert next(stream) == "a"
     second: list[str] = []
     reader = threading.Thread(target=lambda: second.append(next(stream)), daemon=True)
@@ -255,7 +255,7 @@ def test_a_piece_being_made_is_never_abandoned_however_long_it_takes() -> None:
 
 def test_without_a_bound_a_stream_is_left_to_its_reader() -> None:
     turn = StandInTurn()
-    stream = ReplyStream(turn.pieces(), lambda: None)
+    stream = ReplyStream(turn.pieces())
     assert next(stream) == "a"
     assert not turn.released.wait(1.0)
     with stream:
