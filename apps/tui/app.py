@@ -173,7 +173,10 @@ class ChatApp(App[int]):
     def show_header(self) -> None:
         """Name the open conversation as the sidebar does: by its title (its first message, or
         the name the user gave it), by its id only before it has one."""
-        title = None if self.pending else self.engine.sessions.get(self.session_id).title
+        try:
+            title = self.engine.sessions.get(self.session_id).title
+        except KeyError:  # UnknownSessionError: created by its first message
+            title = None
         self.sub_title = f"{title or self.session_id} · bot: {self.engine.sessions.bot}"
 
     def refresh_panel(self) -> None:

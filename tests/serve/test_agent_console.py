@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -28,6 +29,13 @@ WAIT_S = 60
 # (policies and knowledge, about 7,900 tokens) does not fit the tiny model's 512-token window.
 BANK = {"bot": "bank", "system_prompt": "You are a bank's assistant.", "answer_cache": False, "drift": False}
 ANSWER = "I have **blocked** your card. <img src=x onerror=\"document.title='pwned'\"> [details](javascript:document.title='pwned')"
+
+
+def waiting(driver: WebDriver) -> WebDriverWait[WebDriver]:
+    """A wait that reads again what the page replaced meanwhile: both pages poll the server and
+    redraw the queue and the conversation when they change, so an element found a moment ago
+    may be gone by the time its text is read."""
+    return WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
 
 
 @pytest.fixture
@@ -46,14 +54,20 @@ def sign_in(driver: WebDriver, url: str, key: str) -> None:
 def signed_in_as(driver: WebDriver, name: str) -> None:
     """The console shows the person the key names, in a field the agent cannot edit."""
     field = driver.find_element(By.ID, "agent-name")
-    WebDriverWait(driver, WAIT_S).until(lambda d: field.get_property("value") == name)
+    waiting(driver).until(lambda d: field.get_property("value") == name)
     assert field.get_property("readOnly") is True
 
 
 def open_first(driver: WebDriver, title: str) -> None:
-    wait = WebDriverWait(driver, WAIT_S)
-    item = wait.until(lambda d: next((b for b in d.find_elements(By.CSS_SELECTOR, "#queue .item") if title in b.text), None))
-    item.click()
+    wait = waiting(driver)
+
+    def click_item(d: WebDriver) -> bool:  # found and clicked in one try: a redraw in between tries again
+        item = next((b for b in d.find_elements(By.CSS_SELECTOR, "#queue .item") if title in b.text), None)
+        if item is not None:
+            item.click()
+        return item is not None
+
+    wait.until(click_item)
     wait.until(lambda d: d.find_element(By.ID, "conversation-title").text == title)
 
 
@@ -64,7 +78,7 @@ def claim_status(driver: WebDriver) -> str:
 def test_an_agent_takes_over_answers_live_and_hands_back(serve, browsers, keys_file: Path) -> None:  # type: ignore[no-untyped-def]
     live = serve(**BANK, api_key_file=keys_file, max_tokens=16)
     customer, sam, kim = browsers(), browsers(), browsers()
-    wait = WebDriverWait(customer, WAIT_S)
+    wait = waiting(customer)
 
     customer.get(live.url + "/")
     key = wait.until(lambda d: d.find_element(By.ID, "api-key") if d.find_element(By.ID, "api-key").is_displayed() else None)
@@ -87,15 +101,15 @@ def test_an_agent_takes_over_answers_live_and_hands_back(serve, browsers, keys_f
     assert [who for _, who, _ in shown(sam)] == ["Customer", "Assistant", "Customer", "Assistant"]
     assert sam.find_element(By.ID, "message").get_property("disabled") is True  # no reply before the claim
     sam.find_element(By.ID, "claim").click()
-    WebDriverWait(sam, WAIT_S).until(lambda d: claim_status(d) == "You have this conversation.")
+    waiting(sam).until(lambda d: claim_status(d) == "You have this conversation.")
 
     sign_in(kim, live.url, KIM_KEY)
     signed_in_as(kim, "kim")
     open_first(kim, "My card was stolen")
-    WebDriverWait(kim, WAIT_S).until(lambda d: "with sam" in d.find_element(By.CSS_SELECTOR, "#queue .item").text)
+    waiting(kim).until(lambda d: "with sam" in d.find_element(By.CSS_SELECTOR, "#queue .item").text)
     assert claim_status(kim) == "sam has this conversation."
     kim.find_element(By.ID, "claim").click()
-    error = WebDriverWait(kim, WAIT_S).until(lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").is_displayed() else None)
+    error = waiting(kim).until(lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").is_displayed() else None)
     assert error.text == "sam has already taken over this conversation."
     assert kim.find_element(By.ID, "send").get_property("disabled") is True
 
@@ -115,7 +129,7 @@ def test_an_agent_takes_over_answers_live_and_hands_back(serve, browsers, keys_f
     snapshot(sam, "agent-phone", PHONE)
 
     sam.find_element(By.ID, "hand-back").click()
-    WebDriverWait(sam, WAIT_S).until(lambda d: d.find_element(By.ID, "queue-empty").is_displayed())
+    waiting(sam).until(lambda d: d.find_element(By.ID, "queue-empty").is_displayed())
     wait.until(lambda d: not d.find_element(By.ID, "handoff").is_displayed())  # the customer's page sees it, live
     type_message(customer, "What are your opening hours?")
     wait.until(lambda d: len(shown(d)) == 7 and idle(d))
@@ -131,5 +145,5 @@ def test_an_agent_takes_over_answers_live_and_hands_back(serve, browsers, keys_f
 def test_the_console_with_a_customers_key_shows_the_refusal(serve, browser: WebDriver, keys_file: Path) -> None:  # type: ignore[no-untyped-def]
     live = serve(**BANK, api_key_file=keys_file)
     sign_in(browser, live.url, KEY_A)
-    error = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "error") if "agent's API key" in d.find_element(By.ID, "error").text else None)
+    error = waiting(browser).until(lambda d: d.find_element(By.ID, "error") if "agent's API key" in d.find_element(By.ID, "error").text else None)
     assert error.is_displayed() and browser.find_elements(By.CSS_SELECTOR, "#queue .item") == []

@@ -36,7 +36,7 @@ def test_key_lines_map_keys_to_tenants_and_bad_lines_say_where(tmp_path: Path) -
     assert ServeSettings().keys().caller_of(None) == OPEN_CALLER  # no keys: one open tenant, whose callers may also act as agents
     path = tmp_path / "keys.txt"
     for text, problem in (
-        ("# comment\nkey-for-acme-0000001 acme agent extra\n", "line 2: expected 'KEY TENANT \\[ROLE\\]'"),
+        ("# comment\nkey-for-acme-0000001 acme agent sam extra\n", "line 2: expected 'KEY TENANT \\[ROLE \\[NAME\\]\\]'"),
         ("short acme\n", "at least 16"),
         ("key-for-acme-0000001 acme/evil\n", "tenant 'acme/evil'"),
         ("key-for-acme-0000001 a\nkey-for-acme-0000001 b\n", "line 2: this key is already given"),
