@@ -34,7 +34,8 @@ from ..worker_threads import close_at_exit
 from .admission import AdmissionEstimates, LeastCost
 from .given import GivenConversations, conversation_key
 from .sessions import Sessions
-from .turns import Admit, Turn, TurnPipeline
+from .turn_record import Admit, Turn
+from .turns import TurnPipeline
 
 __all__ = ["Admit", "ChatEngine", "LeastCost", "Sessions", "conversation_key"]
 
@@ -144,8 +145,6 @@ class ChatEngine:
     def call_syntax(self) -> CallSyntax:
         """How this model writes tool calls: its chat template's way, else Hermes' (`model/tools.py`)."""
         return self.given.call_syntax
-
-    # -- public API -------------------------------------------------------------------
 
     def chat(self, session_id: str, text: str, **generation: object) -> Reply:
         """Answer `text` in `session_id` (created on first use) and return the whole reply."""

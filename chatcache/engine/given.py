@@ -25,7 +25,7 @@ from ..steering.hcac import Embed, sentence_embed
 from ..steering.tool_router import ToolRouter
 from ..steering.tool_use import bind_tools, tool_of
 from ..tiers.conversations import Conversation, check_storable
-from .turns import Admit, Turn
+from .turn_record import Admit, Turn
 
 ROLES = ("system", "user", "assistant", "tool")  # a tool message brings one call's result back
 

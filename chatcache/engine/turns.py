@@ -30,105 +30,24 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from chatcache.dialog import ActionContext, ActionOutcome, Actions
 
 from ..answer_cache import CacheHit
-from ..answer_cache.answering import AnswerScope, CachedAnswers
+from ..answer_cache.answering import CachedAnswers
 from ..config import GenerationConfig
-from ..errors import ContextWindowError, InvalidMessageError
 from ..model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
 from ..model.remote import RemoteRunner
 from ..model.text_stream import token_pieces
 from ..model_runner import ModelRunner
-from ..reply import Reply, ReplyStream, TurnStats
+from ..reply import Reply, ReplyStream
 from ..steering.hcac import ContextCoordinator, TurnContext
-from ..steering.session_memory import SessionMemory
-from ..tiers.conversations import Conversation, check_storable
+from ..tiers.conversations import Conversation
 from ..tiers.token_tier import TokenTier
 from ..worker_threads import close_at_exit
+from .prompt_window import PromptWindow
 from .sessions import Sessions
-
-Admit = Callable[[int, bool, float], None]
-"""Admission control for one turn: called with the prompt tokens the model would have to
-prefill, whether the token tier has the memory for the turn now (else it would wait for a
-running turn to end) and the seconds a restore of the session's KV from disk would take,
-before the model runs; it raises to refuse the turn (the server's 429)."""
-
-
-@dataclass
-class Turn:
-    """One user turn as the caller asked it; the steps read it and return what they decide."""
-
-    session_id: str  # also the token tier's entry: the session, or the given conversation's key
-    params: GenerationConfig
-    started: float
-    user: Message
-    given: Conversation | None = None  # the conversation the caller keeps (`complete`), before `user`: nothing is recorded
-    prefix: list[int] | None = None  # the shared system-prompt ids to start from (default: the engine's)
-    renderer: PromptRenderer | None = None  # lays out a given conversation (default: the engine's; one with tools)
-    bot: str | None = None  # the answer cache's bot fingerprint (default: the engine's)
-    admit: Admit | None = None
-    stats: TurnStats = field(default_factory=TurnStats)  # how it was served, counted as it is (the model runner's too)
-
-    @classmethod
-    def for_session(cls, session_id: str, text: str, params: GenerationConfig, admit: Admit | None) -> Turn:
-        """A session's turn on `text`, which is checked now, before anything runs.
-
-        Raises:
-            InvalidMessageError: empty text, or text no database can store.
-        """
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidMessageError("The message is empty: type something to send.")
-        check_storable(text)
-        return cls(session_id, params, time.perf_counter(), Message("user", text), admit=admit)
-
-    @property
-    def text(self) -> str:
-        return self.user.content
-
-
-@dataclass(frozen=True)
-class Received:
-    """What the receive step holds the turn to: the conversation it answers, the session's
-    memory (None for a conversation the caller keeps) and the seq of the user's message."""
-
-    conversation: Conversation
-    memory: SessionMemory | None
-    user_seq: int
-    created_session: bool = False  # this turn created its session (one refused deletes it again)
-
-    @property
-    def turn_id(self) -> str:
-        """The turn's id (dialogue events, action idempotency): the same for every retry of it."""
-        return f"{self.conversation.id}:{self.user_seq}"
-
-
-@dataclass(frozen=True)
-class Understanding:
-    """What the understand step read: the dialogue's and drift's verdict, and the answer cache's scope."""
-
-    context: TurnContext
-    scope: AnswerScope | None
-
-
-@dataclass(frozen=True)
-class Served:
-    """What the serve step decided (the turn's stats say who answers): the reply's pieces, which
-    the turn streams to its reader, and the reply they make (`reply`)."""
-
-    pieces: Iterator[str]
-    text: str | None = None  # a flow's, an action's or a cached reply: known before its pieces
-    generated: list[Message] = field(default_factory=list)  # the model's: the runner hands it over as it stops
-    action: ActionOutcome | None = None  # the flow's action this turn performed
-
-    def reply(self, read_to_end: bool) -> Message | None:
-        """The reply once the pieces have stopped: the model's keeps what it generated, also for
-        a reader who stopped reading; any other is the reply only if it was read to the end."""
-        if self.generated:
-            return self.generated[0]
-        return Message("assistant", self.text) if self.text is not None and read_to_end else None
+from .turn_record import Received, Served, Turn, Understanding
 
 
 class TurnPipeline:
@@ -153,7 +72,7 @@ class TurnPipeline:
         """With `prefetch` (and an answer cache), the likely next question of a session is
         answered in the background while no user turn runs (`prefetch`)."""
         self.renderer = renderer
-        self.context_window = context_window
+        self.window = PromptWindow(renderer, context_window, system_ids)
         self.system_ids = system_ids
         self._bare_system = Message("system", system_prompt) if system_prompt else None
         self.sessions = sessions
@@ -239,14 +158,14 @@ class TurnPipeline:
                 yield Received(turn.given, None, turn.given.last_seq + 1)
             return
         # A new session's system message is the bot's prompt alone (it has no facts yet).
-        self.check_fits(self._bare_system, turn.user, turn.params.max_new_tokens)
+        self.window.check_fits(self._bare_system, turn.user, turn.params.max_new_tokens)
         with self.sessions.hold(turn.session_id, create=True) as memory, self.sessions.conversations.turn(memory.conversation) as rebuilt:
             conversation = memory.conversation
             if rebuilt:  # another process answered turns since: what this one derived from the old copy is stale
                 memory.forget_topic()
             try:
                 if conversation.system != self._bare_system:  # the session's facts lengthen the system message
-                    self.check_fits(conversation.system, turn.user, turn.params.max_new_tokens)
+                    self.window.check_fits(conversation.system, turn.user, turn.params.max_new_tokens)
                 created = conversation.created_empty
                 user_seq = self.sessions.conversations.record_user(conversation, turn.text, len(self.renderer.encode_text(turn.text)))
                 yield Received(conversation, memory, user_seq, created)
@@ -291,7 +210,7 @@ class TurnPipeline:
             stats.tier, stats.finish_reason, stats.answer_cache_hit = "answer", "cache", True
             stats.ttft_s = time.perf_counter() - turn.started
             return Served(self._cached_pieces(hit, conversation, turn), hit.answer)
-        prompt = self.plan(conversation, turn)
+        prompt = self.window.plan(conversation, turn)
         stats.dropped_turns = prompt.dropped_turns
         self._admit(received, turn, prompt)
         generated: list[Message] = []
@@ -308,7 +227,7 @@ class TurnPipeline:
         of those read to the end is audited against the model."""
         assert self.answers is not None
         yield from token_pieces(self.renderer.tokenizer, hit.answer)
-        self.answers.maybe_audit(hit, turn.params, lambda: self.plan(conversation, turn))
+        self.answers.maybe_audit(hit, turn.params, lambda: self.window.plan(conversation, turn))
 
     def _generated_pieces(self, turn: Turn, understood: Understanding, prompt: Prompt, generated: list[Message]) -> Generator[str, None, None]:
         """The model's reply on the turn's KV, handed over in `generated`; one it ended itself
@@ -386,58 +305,6 @@ class TurnPipeline:
             action=action,
         )
 
-    # -- the prompt ----------------------------------------------------------------------
-
-    def check_fits(self, system: Message | None, user: Message, max_new_tokens: int) -> None:
-        """Refuse a message that cannot fit the context window even with no history.
-
-        Raises:
-            ContextWindowError: it does not fit.
-        """
-        alone = self.renderer.conversation_ids([*([system] if system else []), user], RenderedSegments())
-        if len(alone) > self.context_window - max_new_tokens:
-            raise ContextWindowError(
-                f"The message is {len(alone) - len(self.system_ids)} tokens; with the system prompt "
-                f"({len(self.system_ids)} tokens) and {max_new_tokens} reply tokens it exceeds the "
-                f"context window of {self.context_window}. Shorten it or lower max_new_tokens."
-            )
-
-    def plan(self, conversation: Conversation, turn: Turn) -> Prompt:
-        """The prompt: a session's turns that fit, or the given conversation whole."""
-        if turn.given is None:
-            laid_out, start = self.layout(conversation, turn.user, turn.params.max_new_tokens, conversation.segments)
-            conversation.context_start = start  # from now on, and after a restart once the turn commits
-            # The user's segment is not memoized: if this turn fails, another message takes its place.
-            del conversation.segments.ids[len(conversation.window()) :]
-            return laid_out
-        messages = [*conversation.window(), turn.user]
-        prompt = (turn.renderer or self.renderer).conversation_ids(messages, RenderedSegments())
-        if len(prompt) + turn.params.max_new_tokens > self.context_window:
-            raise ContextWindowError(
-                f"The conversation is {len(prompt)} tokens; with {turn.params.max_new_tokens} reply tokens it exceeds "
-                f"the context window of {self.context_window}. Send fewer or shorter messages, or lower max_new_tokens."
-            )
-        return Prompt(prompt, messages)
-
-    def layout(self, conversation: Conversation, user: Message, max_new_tokens: int, memo: RenderedSegments) -> tuple[Prompt, int]:
-        """The conversation plus `user`, dropping the oldest whole turns that do not fit, and
-        the window start that leaves; it changes nothing but `memo`, the rendered segments.
-
-        A turn keeps the start (`plan`): dropped turns stay dropped on later turns, so the
-        prompt's start stays stable and the token tier (or a remote server's prefix cache) keeps
-        reusing it. The system prompt is never dropped.
-        """
-        room = self.context_window - max_new_tokens
-        start = conversation.context_start
-        while True:
-            if start != conversation.context_start:
-                memo.ids.clear()
-            messages = [*conversation.window(start), user]
-            prompt = self.renderer.conversation_ids(messages, memo)
-            if len(prompt) <= room:
-                return Prompt(prompt, messages, start // 2), start
-            start += 2  # one user message and its reply
-
     # -- the next turn, ahead of time ----------------------------------------------------
 
     def prefetch(self, session_id: str, question: str, should_stop: Callable[[], bool]) -> bool:
@@ -457,7 +324,7 @@ class TurnPipeline:
                 return False
             params = GenerationConfig()
             memo = RenderedSegments([list(segment) for segment in conversation.segments.ids])
-            prompt, start = self.layout(conversation, Message("user", question), params.max_new_tokens, memo)
+            prompt, start = self.window.layout(conversation, Message("user", question), params.max_new_tokens, memo)
             if start != conversation.context_start:
                 return False  # the turn would drop old turns, and how many depends on its own max_new_tokens
         finally:
