@@ -14,7 +14,7 @@ query heads that share a key head into one head's queries (`packed_sdpa`, as tra
 `sdpa` does eagerly for one query token but not under compile, where it would copy every key
 and value per query head), and each row writes its new key and value with one scatter into the
 buffer in place. The graphs go to inductor's on-disk caches under chatcache's data directory
-(`TORCHINDUCTOR_CACHE_DIR`, unless already set), so a later process loads them instead of
+(`TORCHINDUCTOR_CACHE_DIR`, unless the user set it), so a later process loads them instead of
 compiling again.
 
 Only the one-token step is compiled: a step feeding drafts stays eager.
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -76,24 +77,24 @@ class _BucketLayer(CacheLayerMixin):
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves CacheLayerMixin.__init__ unannotated
-        self.keys = self.values = self.columns = torch.empty(0)
+        self.keys = self.values = self.columns = self.width = torch.empty(0)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         raise AssertionError("a bucket layer is handed its buffers before every step")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, heads, _, dim = key_states.shape
-        at = self.columns.view(rows, 1, 1, 1).expand(rows, heads, 1, dim)
-        self.keys.scatter_(2, at, key_states)
-        self.values.scatter_(2, at, value_states)
-        return self.keys, self.values
+        # An indexed write, which inductor does in place: a scatter was copied whole into a new buffer under dynamic shapes.
+        rows = torch.arange(key_states.shape[0], device=key_states.device)
+        self.keys[rows, :, self.columns] = key_states[:, :, 0]
+        self.values[rows, :, self.columns] = value_states[:, :, 0]
+        return self.keys[:, :, : self.width.shape[0]], self.values[:, :, : self.width.shape[0]]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[2], 0
+        return self.width.shape[0], 0
 
     def get_seq_length(self) -> int:
-        return self.keys.shape[2]
+        return self.width.shape[0]
 
     def get_max_length(self) -> int:
         return -1
@@ -118,7 +119,9 @@ class CompiledDecode:
     def __init__(self, model: PreTrainedModel) -> None:
         if model.config._attn_implementation not in ("sdpa", PACKED_SDPA):
             raise ValueError(f"a compiled decode step needs sdpa attention, not {model.config._attn_implementation!r}")
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_data_dir() / "inductor"))
+        # torch sets the variable to its own default (a /tmp folder) when it is imported: only a choice of the user's stays.
+        if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_data_dir() / "inductor")
         model.set_attn_implementation(PACKED_SDPA)
         self.model = model
         self._caches: dict[int, _BucketCache] = {}
@@ -133,15 +136,16 @@ class CompiledDecode:
         device = self.model.device
         columns = torch.tensor(batch.lengths + [0] * padding, device=device)
         ids = torch.tensor(next_ids + [0] * padding, device=device).unsqueeze(1)
-        for layer, (keys, values) in zip(cache.bucket_layers, batch.layer_buffers(bucket, max(batch.lengths) + 1)):
+        width = torch.arange(max(batch.lengths) + 1, device=device)  # the columns attended to, as a shape
+        torch._dynamo.mark_dynamic(width, 0)
+        for layer, (keys, values) in zip(cache.bucket_layers, batch.layer_buffers(bucket, len(width))):
             torch._dynamo.mark_dynamic(keys, 2)  # one graph for every buffer length
             torch._dynamo.mark_dynamic(values, 2)
-            layer.keys, layer.values, layer.columns = keys, values, columns
-        return self._step(ids, columns, cache)[:rows]
+            layer.keys, layer.values, layer.columns, layer.width = keys, values, columns, width
+        return self._step(ids, columns, width, cache)[:rows]
 
-    def _logits(self, ids: torch.Tensor, columns: torch.Tensor, cache: _BucketCache) -> torch.Tensor:
-        width = cache.bucket_layers[0].keys.shape[2]
-        mask = (torch.arange(width, device=columns.device) <= columns[:, None])[:, None, None, :]
+    def _logits(self, ids: torch.Tensor, columns: torch.Tensor, width: torch.Tensor, cache: _BucketCache) -> torch.Tensor:
+        mask = (width <= columns[:, None])[:, None, None, :]
         positions = columns[:, None]
         logits: torch.Tensor = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).logits
         return logits
