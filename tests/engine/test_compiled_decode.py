@@ -15,13 +15,22 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from chatcache.config import GenerationConfig
 from chatcache.model import compiled_decode
 from chatcache.model.batch_kv import BatchKV
+from chatcache.model.few_rows import FewRowsLinear, use_few_rows_matmul
 from chatcache.model.scheduler import Scheduler
 
 PROMPTS = ([5, 17, 42, 99, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3], list(range(20, 250)))  # the last outgrows a buffer block
 
 
-def _replies(model: PreTrainedModel, compiled: bool, prompts: tuple[list[int], ...], new_tokens: int) -> list[list[int]]:
-    """Greedy replies to `prompts`, all submitted at once to a scheduler of their own."""
+def _model(directory: Path) -> PreTrainedModel:
+    """The model as `load_chat_model` sets it up on the CPU: its few-row products weight-first."""
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    use_few_rows_matmul(model)
+    return model
+
+
+def _replies(directory: Path, compiled: bool, prompts: tuple[list[int], ...], new_tokens: int) -> list[list[int]]:
+    """Greedy replies to `prompts`, all submitted at once to a scheduler of their own, on a model of their own."""
+    model = _model(directory)
     scheduler = Scheduler(model, compiled=compiled)
     try:
         params = GenerationConfig(max_new_tokens=new_tokens)
@@ -40,15 +49,16 @@ def one_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_compiled_greedy_replies_equal_eager_ones(tiny_model_dir: Path, one_bucket: None) -> None:
     """Three requests joining one by one (1, 2, 3 rows in a bucket of 4), 40 tokens each; the
-    third grows the buffers from one block of positions to two (a new length, the same graph)."""
-    eager = _replies(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), False, PROMPTS, 40)
-    compiled = _replies(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), True, PROMPTS, 40)
+    third grows the buffers from one block of positions to two (a new length, the same graph).
+    The eager step multiplies weight-first, the compiled one by the packed weights."""
+    eager = _replies(tiny_model_dir, False, PROMPTS, 40)
+    compiled = _replies(tiny_model_dir, True, PROMPTS, 40)
     assert compiled == eager
 
 
 def test_padded_rows_leave_real_rows_alone(tiny_model_dir: Path, one_bucket: None) -> None:
     """A row's logits are the same whatever the padding rows hold (here, stale KV of rows that left)."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    model = _model(tiny_model_dir)
     step = compiled_decode.CompiledDecode(model)
     batch = BatchKV(model.config)
     with torch.no_grad():
@@ -67,6 +77,16 @@ def test_compiled_greedy_replies_equal_eager_ones_on_the_bundled_model(one_bucke
 
     directory = bundled_chat_dir()
     prompts = (PROMPTS[1], PROMPTS[2])
-    eager = _replies(AutoModelForCausalLM.from_pretrained(directory).eval(), False, prompts, 24)
-    compiled = _replies(AutoModelForCausalLM.from_pretrained(directory).eval(), True, prompts, 24)
+    eager = _replies(directory, False, prompts, 24)
+    compiled = _replies(directory, True, prompts, 24)
     assert compiled == eager
+
+
+def test_packed_product_is_the_linear_product(tiny_model_dir: Path) -> None:
+    """Packed or not, a layer's product with a few rows is the same up to the order of summation."""
+    layer = next(m for m in _model(tiny_model_dir).modules() if isinstance(m, FewRowsLinear))
+    rows = torch.randn(5, layer.in_features)
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(rows, layer.weight)
+        layer.pack()
+        assert torch.allclose(layer(rows), expected, atol=1e-5)
