@@ -12,7 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from chatcache import load_chat_model
 from chatcache.config import GenerationConfig
+from chatcache.errors import ConfigError
 from chatcache.model import compiled_decode
 from chatcache.model.batch_kv import BatchKV
 from chatcache.model.few_rows import FewRowsLinear, use_few_rows_matmul
@@ -90,3 +92,9 @@ def test_packed_product_is_the_linear_product(tiny_model_dir: Path) -> None:
         expected = torch.nn.functional.linear(rows, layer.weight)
         layer.pack()
         assert torch.allclose(layer(rows), expected, atol=1e-5)
+
+
+def test_int8_precision_is_not_compiled(tiny_model_dir: Path) -> None:
+    """int8's float64 attention has no compiled step: asking for both fails at load, not at the first turn."""
+    with pytest.raises(ConfigError, match="compiled_decode"):
+        load_chat_model(str(tiny_model_dir), precision="int8", compiled_decode=True)
