@@ -194,9 +194,10 @@ def load_chat_model(
             recompute gives, but replies a little different from exact ones (a reason it is a
             choice: the bundled model copied a Japanese name in exact mode and not in int8).
         compiled_decode: decode with the step compiled by inductor and, on the CPU in float32,
-            weights packed for few rows (`compiled_decode`): 1.2x to 1.45x the tokens/s at 8
-            conversations, for a second copy of the weights and a compile (about a minute, then
-            seconds from inductor's cache on disk) on the first step of each batch size.
+            weights packed for few rows (`compiled_decode`): a decode step of 8 rows 1.4x to 1.6x
+            as fast, of one row 1.2x (bench/compiled_decode.py), for a second copy of the
+            weights and a compile (about a minute, then 10 s from inductor's cache on disk) on
+            the first step of each batch size.
 
     Returns:
         The model, its tokenizer and its weights identity.
