@@ -139,6 +139,12 @@ class BatchKV(Cache):
         """Each row's positions for the tokens fed this step: the columns `begin_step` writes them at."""
         return self._columns
 
+    def layer_buffers(self, rows: int, positions: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's keys and values, the first `rows` rows of the buffers grown to hold `rows`
+        rows and `positions` positions: the fixed shapes a compiled step writes into in place."""
+        self._reserve(rows, positions)
+        return [(layer.keys[:rows], layer.values[:rows]) for layer in self._row_layers]
+
     def _reserve(self, rows: int, positions: int, like: DynamicCache | None = None) -> None:
         """Grow every buffer to at least `rows` rows and `positions` positions, keeping what they
         hold; the layers' shapes and dtype are those of the buffers, or of `like` before there are any."""

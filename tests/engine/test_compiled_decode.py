@@ -1,0 +1,100 @@
+"""The compiled decode step gives the replies the eager step gives, token for token.
+
+Each test compiles one batch bucket (its rows padded up to it), to keep inductor's compile
+short; the padding rows, the dynamic buffer length and the in-place KV writes are all exercised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from chatcache import load_chat_model
+from chatcache.config import GenerationConfig
+from chatcache.errors import ConfigError
+from chatcache.model import compiled_decode
+from chatcache.model.batch_kv import BatchKV
+from chatcache.model.few_rows import FewRowsLinear, use_few_rows_matmul
+from chatcache.model.scheduler import Scheduler
+
+PROMPTS = ([5, 17, 42, 99, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3], list(range(20, 250)))  # the last outgrows a buffer block
+
+
+def _model(directory: Path) -> PreTrainedModel:
+    """The model as `load_chat_model` sets it up on the CPU: its few-row products weight-first."""
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    use_few_rows_matmul(model)
+    return model
+
+
+def _replies(directory: Path, compiled: bool, prompts: tuple[list[int], ...], new_tokens: int) -> list[list[int]]:
+    """Greedy replies to `prompts`, all submitted at once to a scheduler of their own, on a model of their own."""
+    model = _model(directory)
+    scheduler = Scheduler(model, compiled=compiled)
+    try:
+        params = GenerationConfig(max_new_tokens=new_tokens)
+        requests = [scheduler.submit(DynamicCache(config=model.config), prompt, params, eos_ids=set()) for prompt in prompts]
+        return [[token.token_id for token in request] for request in requests]
+    finally:
+        scheduler.close()
+
+
+@pytest.fixture
+def one_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of up to 4 rows padded to 4: one compile; graphs cached under this test's directory."""
+    monkeypatch.setattr(compiled_decode, "BATCH_BUCKETS", (4,))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+def test_compiled_greedy_replies_equal_eager_ones(tiny_model_dir: Path, one_bucket: None) -> None:
+    """Three requests joining one by one (1, 2, 3 rows in a bucket of 4), 40 tokens each; the
+    third grows the buffers from one block of positions to two (a new length, the same graph).
+    The eager step multiplies weight-first, the compiled one by the packed weights."""
+    eager = _replies(tiny_model_dir, False, PROMPTS, 40)
+    compiled = _replies(tiny_model_dir, True, PROMPTS, 40)
+    assert compiled == eager
+
+
+def test_padded_rows_leave_real_rows_alone(tiny_model_dir: Path, one_bucket: None) -> None:
+    """A row's logits are the same whatever the padding rows hold (here, stale KV of rows that left)."""
+    model = _model(tiny_model_dir)
+    step = compiled_decode.CompiledDecode(model)
+    batch = BatchKV(model.config)
+    with torch.no_grad():
+        for prompt in reversed(PROMPTS):  # the longest first: it sets the columns attended to either way
+            cache = DynamicCache(config=model.config)
+            model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+            batch.join(cache, room=8)
+        alone = step(batch, [1, 2, 3])
+        batch.lengths = batch.lengths[:1]  # rows 1 and 2 become padding, their KV left in the buffer
+        assert torch.equal(step(batch, [1])[0], alone[0])
+
+
+@pytest.mark.bundled
+def test_compiled_greedy_replies_equal_eager_ones_on_the_bundled_model(one_bucket: None) -> None:
+    from chatcache.model.loading import bundled_chat_dir
+
+    directory = bundled_chat_dir()
+    prompts = (PROMPTS[1], PROMPTS[2])
+    eager = _replies(directory, False, prompts, 24)
+    compiled = _replies(directory, True, prompts, 24)
+    assert compiled == eager
+
+
+def test_packed_product_is_the_linear_product(tiny_model_dir: Path) -> None:
+    """Packed or not, a layer's product with a few rows is the same up to the order of summation."""
+    layer = next(m for m in _model(tiny_model_dir).modules() if isinstance(m, FewRowsLinear))
+    rows = torch.randn(5, layer.in_features)
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(rows, layer.weight)
+        layer.pack()
+        assert torch.allclose(layer(rows), expected, atol=1e-5)
+
+
+def test_int8_precision_is_not_compiled(tiny_model_dir: Path) -> None:
+    """int8's float64 attention has no compiled step: asking for both fails at load, not at the first turn."""
+    with pytest.raises(ConfigError, match="compiled_decode"):
+        load_chat_model(str(tiny_model_dir), precision="int8", compiled_decode=True)
