@@ -10,11 +10,12 @@ batch bucket serves every length. A padded row is fed token 0 at position 0, see
 0 and writes only there, into a buffer row no request holds; rows are independent in every
 operator, so the real rows' logits do not depend on it.
 
-Two things differ from the eager step, neither in what is computed: the attention packs the
-query heads that share a key head into one head's queries (`packed_sdpa`, as transformers'
-`sdpa` does eagerly for one query token but not under compile, where it would copy every key
-and value per query head), and each row's new key and value are written by one indexed write,
-which inductor does in place (a scatter, under dynamic shapes, was copied whole every step). The graphs go to inductor's on-disk caches under chatcache's data directory
+Two things differ from the eager step, neither in what is computed: the attention is
+`grouped_attention`'s, which packs the query heads that share a key head into one head's
+queries under compile too (transformers' `sdpa` does so eagerly for one query token, but under
+compile copies every key and value per query head), and each row's new key and value are
+written by one indexed write, which inductor does in place (a scatter, under dynamic shapes,
+was copied whole every step). The graphs go to inductor's on-disk caches under chatcache's data directory
 (`TORCHINDUCTOR_CACHE_DIR`, unless the user set it), so a later process loads them instead of
 compiling again.
 
@@ -29,22 +30,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..config import default_data_dir
 from .batch_kv import BatchKV
 from .few_rows import use_packed_weights
+from .grouped_attention import GROUPED_ATTENTION, use_grouped_attention
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
-PACKED_SDPA = "chatcache_packed_sdpa"  # the attention implementation a compiled model runs
 
 
 def batch_bucket(rows: int) -> int:
@@ -52,25 +49,6 @@ def batch_bucket(rows: int) -> int:
     return next((size for size in BATCH_BUCKETS if size >= rows), rows)
 
 
-def packed_sdpa(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
-) -> tuple[torch.Tensor, None]:
-    """transformers' `sdpa` attention, with one query token's heads packed onto their key head also under compile.
-
-    One token's query heads `g * i` to `g * i + g - 1` all attend to key head `i`: as `g` queries
-    of one head, the keys and values are read in place; `sdpa` under compile repeats them `g`
-    times instead (a copy of the whole KV per layer and step). Several query tokens go to `sdpa`.
-    """
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    if query.shape[2] != 1 or groups == 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    rows, heads, _, dim = query.shape
-    packed = query.reshape(rows, heads // groups, groups, dim)  # the mask, (rows, 1, 1, keys), broadcasts over both
-    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
-    return out.reshape(rows, heads, 1, dim).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(PACKED_SDPA, packed_sdpa)
 
 
 class _BucketLayer(CacheLayerMixin):
@@ -116,20 +94,19 @@ class CompiledDecode:
     """The one-token decode step of `model` on a `BatchKV`, compiled per batch bucket.
 
     Args:
-        model: the causal LM; its attention becomes `packed_sdpa` (the same products as `sdpa`)
-            and its `FewRowsLinear` layers read packed weights.
+        model: the causal LM, on `grouped_attention` (the same products as `sdpa`, which it is
+            given if it has that); its `FewRowsLinear` layers read packed weights.
 
     Raises:
-        ValueError: the model's attention is not transformers' `sdpa`.
+        ValueError: the model's attention is neither.
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        if model.config._attn_implementation not in ("sdpa", PACKED_SDPA):
+        if model.config._attn_implementation != GROUPED_ATTENTION and not use_grouped_attention(model):
             raise ValueError(f"a compiled decode step needs sdpa attention, not {model.config._attn_implementation!r}")
         # torch sets the variable to its own default (a /tmp folder) when it is imported: only a choice of the user's stays.
         if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_data_dir() / "inductor")
-        model.set_attn_implementation(PACKED_SDPA)
         use_packed_weights(model)
         self.model = model
         self._caches: dict[int, _BucketCache] = {}

@@ -10,10 +10,15 @@ KV in every layer of every step. Measured on the bundled model (2 shared cores, 
 5.7x the cost of a step fed one token, and speculative decoding a loss.
 
 torch's CPU kernel takes the grouped heads itself (`enable_gqa`) under a mask too, and gives
-the same floats as attention on the repeated heads (tested on the bundled model's layers:
-`tests/model/test_grouped_attention.py`). transformers does not ask for it off XPU and MPS
+the same floats as attention on the repeated heads (tested on the tiny model and the bundled
+one: `tests/engine/test_grouped_attention.py`). transformers does not ask for it off XPU and MPS
 because CUDA's fast kernels refuse a mask with grouped heads; so this is registered under its
 own name and set on CPU models only, and everything else goes to transformers' own function.
+
+One query token's heads are packed onto their key head here as transformers packs them
+eagerly (the same operations, so the same floats), but also under `torch.compile`, where
+transformers repeats the keys and values instead: the compiled decode step
+(`compiled_decode`) runs this function too.
 """
 
 from __future__ import annotations
@@ -39,12 +44,17 @@ def grouped_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, with several masked query tokens over grouped heads
-    attended without repeating the keys and values; the result is (batch, query, heads, dim)."""
+    """transformers' sdpa attention, with grouped heads attended without repeating the keys and
+    values under a mask, also when compiled; the result is (batch, query, heads, dim)."""
     plain = not module.training and dropout == 0.0 and kwargs.get("softcap") is None and kwargs.get("position_bias") is None
-    grouped = getattr(module, "num_key_value_groups", 1) > 1
-    if not (plain and grouped and query.shape[2] > 1 and attention_mask is not None and query.device.type == "cpu"):
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    if not (plain and groups > 1 and attention_mask is not None and query.device.type == "cpu"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    batch, heads, queries, dim = query.shape
+    if queries == 1:  # as transformers' `pack_gqa`: the group's heads as queries of their key head; the mask broadcasts
+        packed = query.reshape(batch, heads // groups, groups, dim)
+        out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)
+        return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 

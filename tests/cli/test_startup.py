@@ -34,7 +34,7 @@ def test_bots_lists_the_shipped_bots(capsys: pytest.CaptureFixture[str]) -> None
     assert cli.main(["bots"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].startswith("bank: 84 intents (check_balance, make_transfer,") and lines[0].endswith(" and 76 more)")
+    assert lines[0].startswith("bank: 85 intents (check_balance, make_transfer,") and lines[0].endswith(" and 77 more)")
     assert lines[1].startswith("customer_service: 5 intents (") and "transfer_money" in lines[1] and "--bot" in lines[2]
 
 

@@ -116,13 +116,17 @@ def test_sessions_reading_on_their_own_threads_get_what_one_reader_gets(trained)
     assert [r.confidence for r in together] == pytest.approx([r.confidence for r in alone], abs=1e-6)
 
 
-def test_load_trained_finds_the_model_in_the_data_directory(trained, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_load_trained_finds_the_model_in_the_data_directory(trained, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    """It says at start which reads the bot's intents, and without a model how to train one."""
     bot, data_dir, directory = trained
     monkeypatch.setenv("CHATCACHE_DATA_DIR", str(data_dir))
-    model = load_trained(bot)
-    assert model is not None and model.info.key == directory.name and model.info.settings == bot.training
-    monkeypatch.setenv("CHATCACHE_DATA_DIR", str(data_dir / "elsewhere"))
-    assert load_trained(bot) is None
+    with caplog.at_level("INFO", logger="chatcache.intents.trained"):
+        model = load_trained(bot, "demo")
+        assert model is not None and model.info.key == directory.name and model.info.settings == bot.training
+        assert f"read by the model trained on this bot's examples ({directory.name};" in caplog.text
+        monkeypatch.setenv("CHATCACHE_DATA_DIR", str(data_dir / "elsewhere"))
+        assert load_trained(bot, "demo") is None
+        assert "`chatcache train demo` trains a model on them" in caplog.text
 
 
 def test_a_directory_without_a_whole_model_is_refused(tmp_path: Path) -> None:
