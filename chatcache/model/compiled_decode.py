@@ -15,9 +15,9 @@ Two things differ from the eager step, neither in what is computed: the attentio
 queries under compile too (transformers' `sdpa` does so eagerly for one query token, but under
 compile copies every key and value per query head), and each row's new key and value are
 written by one indexed write, which inductor does in place (a scatter, under dynamic shapes,
-was copied whole every step). The graphs go to inductor's on-disk caches under chatcache's data directory
-(`TORCHINDUCTOR_CACHE_DIR`, unless the user set it), so a later process loads them instead of
-compiling again.
+was copied whole every step). The graphs go to inductor's on-disk caches under chatcache's
+data directory (`TORCHINDUCTOR_CACHE_DIR`, unless the user set it), so a later process loads
+them instead of compiling again.
 
 The weight products are most of the step (three quarters at 8 rows): fusing the rest gained
 1.07x to 1.17x at 8 rows. The compiled step therefore also reads the weights oneDNN packed for
@@ -49,10 +49,8 @@ def batch_bucket(rows: int) -> int:
     return next((size for size in BATCH_BUCKETS if size >= rows), rows)
 
 
-
-
 class _BucketLayer(CacheLayerMixin):
-    """One layer's buffer rows for a bucket; `update` scatters each row's new key and value at its column."""
+    """One layer's buffer rows for a bucket; `update` writes each row's new key and value at its column."""
 
     is_sliding = False
     is_compileable = True

@@ -246,8 +246,8 @@ def _load_chat_model(name: str, device: str, dtype: torch.dtype, precision: str,
         identity += "+int8"
     elif torch.device(device).type == "cpu" and dtype == torch.float32:
         use_few_rows_matmul(model)
-    if precision != "int8" and torch.device(device).type == "cpu":
-        use_grouped_attention(model)  # the same floats as sdpa's, without copying the KV for grouped heads
+    if torch.device(device).type == "cpu":
+        use_grouped_attention(model)  # sdpa's floats without copying the KV; int8's own attention stays
     give_up_intra_op_threads()  # loading made this thread an OpenMP pool; the model's worker takes the threads
     return ChatModel(name=name, model=model, tokenizer=tokenizer, identity=identity, compiled_decode=compiled_decode)
 
