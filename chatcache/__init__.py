@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from .steering.tool_router import TOOL_ROUTE_THRESHOLD
     from .steering.tool_use import check_tools
     from .config import MemoryConfig
-    from .tiers.token_tier import TokenTier, TokenTierStats
+    from .tiers.token_tier import SessionKV, TokenTier, TokenTierStats
     from .tiers.turn_tier import TurnTierConfig
 
 # Each public name and the module that defines it (".x": chatcache.x); `ChatEngine` takes the
@@ -78,6 +78,7 @@ _EXPORTS = {
     "ReplyStream": ".reply",
     "Scheduler": ".model.scheduler",
     "SessionClosedError": ".errors",
+    "SessionKV": ".tiers.token_tier",
     "SessionStore": ".storage",
     "StageThresholds": ".steering.drift",
     "StorageError": ".errors",
@@ -128,6 +129,7 @@ __all__ = [
     "ReplyStream",
     "Scheduler",
     "SessionClosedError",
+    "SessionKV",
     "SessionStore",
     "StageThresholds",
     "StorageError",

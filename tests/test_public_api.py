@@ -14,7 +14,7 @@ PUBLIC = {
     "AnswerCacheConfig", "AsyncReplyStream", "BotDefinition", "ChatCacheError", "ChatEngine", "ChatModel",
     "ConfigError", "CorruptDatabaseError", "DriftConfig", "GenerationConfig", "InvalidIdError",
     "InvalidMessageError", "MemoryConfig", "Message", "ModelNotFoundError", "RemoteModel", "RemoteModelError", "Reply", "ReplyFormat", "ReplyStream",
-    "SessionClosedError", "SessionStore", "StageThresholds", "StorageError", "TokenTier", "TokenTierConfig",
+    "SessionClosedError", "SessionKV", "SessionStore", "StageThresholds", "StorageError", "TokenTier", "TokenTierConfig",
     "TokenTierStats", "ToolCall", "TurnStats", "TurnTierConfig", "UnknownSessionError", "connect_remote_model", "default_data_dir",
     "load_chat_model", "load_embedder",
     # engines sharing one model: its scheduler, token tier and embedder

@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
@@ -63,6 +64,27 @@ class Checkout:
     tier: str
 
 
+@dataclass(frozen=True)
+class SessionKV:
+    """What the token tier holds for one session now (`TokenTier.session_kv`): where its KV is,
+    what it covers and its size, for an operator or a test to see a spill or a restore happen.
+
+    Attributes:
+        where: "memory"; "spilling" (evicted, its file being written: it still counts as
+            resident); "disk"; or None: nothing (never computed, dropped, or checked out by a
+            turn running now).
+        ids: the token ids its KV covers, exactly as the model read them; empty with none.
+        nbytes: its KV's bytes in memory, or its file's size on disk; 0 with none.
+        file: where the tier keeps the session's KV on disk (there while `where` is "disk");
+            None without a spill directory.
+    """
+
+    where: Literal["memory", "spilling", "disk"] | None
+    ids: list[int]
+    nbytes: int
+    file: Path | None
+
+
 @dataclass
 class TokenTierStats:
     """Counters and sizes for monitoring and the chat app's cache panel."""
@@ -70,6 +92,7 @@ class TokenTierStats:
     resident_bytes: int = 0
     budget_bytes: int = 0
     sessions_in_memory: int = 0
+    sessions_with_heat: int = 0  # those LFU+ keeps a heat of to pick victims by: with KV in memory or on disk
     prefixes: int = 0
     evictions: int = 0
     spills: int = 0
@@ -77,6 +100,7 @@ class TokenTierStats:
     restores: int = 0
     failed_restores: int = 0
     hits: dict[str, int] = field(default_factory=dict)
+    restore_s_per_byte: float | None = None  # what restores from disk took of late (a moving average); None before the first
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -180,6 +204,21 @@ class TokenTier:
     def held_tokens(self, session_id: str) -> int:
         """How many positions of KV the session has now, in memory or on disk (0: none, or in a turn)."""
         return len(self._held_ids(session_id))
+
+    def session_kv(self, session_id: str) -> SessionKV:
+        """Where the session's KV is now (memory, being written, disk or nowhere), the ids it
+        covers and its size; reads a spilled file's ids, not its tensors, and changes nothing."""
+        file = self._spill.path(session_id) if self._spill is not None else None
+        with self._lock:
+            entry = self._sessions.get(session_id)
+            if entry is not None:
+                return SessionKV("memory", list(entry.ids), entry.nbytes, file)
+            entry = self._spilling.get(session_id)
+            if entry is not None:
+                return SessionKV("spilling", list(entry.ids), entry.nbytes, file)
+        if self._spill is None or not (size := self._spill.spilled_bytes(session_id)):
+            return SessionKV(None, [], 0, file)
+        return SessionKV("disk", list(self._spill.spilled_ids(session_id) or ()), size, file)
 
     def _held_ids(self, session_id: str) -> Sequence[int]:
         """The ids of the session's KV in memory, being written, or on disk (read without its tensors)."""
@@ -320,6 +359,8 @@ class TokenTier:
         with self._lock:
             self._stats.resident_bytes = self.resident_bytes()
             self._stats.sessions_in_memory = len(self._sessions)
+            self._stats.sessions_with_heat = len(self._heat)
+            self._stats.restore_s_per_byte = self._restore_s_per_byte
             self._stats.prefixes = len(self._prefixes)
             self._stats.failed_restores = self._spill.rejected if self._spill is not None else 0
             return TokenTierStats(**{**self._stats.__dict__, "hits": dict(self._stats.hits)})

@@ -12,6 +12,8 @@ from chatcache import TokenTierConfig, load_chat_model, load_embedder
 from chatcache.model.generation import forward
 from chatcache.model.kv import new_cache
 
+from .test_token_tier_correctness import checked_out_whole
+
 pytestmark = pytest.mark.bundled
 SYSTEM = "You are a concise assistant for a travel agency."
 TURNS = ["Hi! Can you help me plan a trip?", "I want to go to Rome in May.", "What should I pack?"]
@@ -41,10 +43,10 @@ def test_bundled_logits_at_reused_positions_match_recompute(make_engine, bundled
     engine = make_engine(bundled_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
     engine.chat("s", TURNS[0], max_new_tokens=16)
     engine.chat("s", TURNS[1], max_new_tokens=16)
-    entry = engine.token_tier._sessions["s"]
+    ids = engine.token_tier.session_kv("s").ids
     probe = bundled_model.tokenizer.encode("And", add_special_tokens=False)
-    reused = forward(bundled_model.model, probe, entry.cache)
-    full = forward(bundled_model.model, entry.ids + probe, new_cache(bundled_model.model.config))
+    reused = forward(bundled_model.model, probe, checked_out_whole(engine.token_tier, "s", ids, probe))
+    full = forward(bundled_model.model, ids + probe, new_cache(bundled_model.model.config))
     assert torch.allclose(reused, full, atol=1e-4)
 
 

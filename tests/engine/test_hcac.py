@@ -76,10 +76,10 @@ def test_unconfirmed_intent_stays_in_the_turn_tier(bank) -> None:  # type: ignor
 def test_ending_a_session_releases_turn_and_token_tiers(bank) -> None:  # type: ignore[no-untyped-def]
     engine = bank()
     engine.chat("s", "What are your opening hours?", max_new_tokens=8)
-    assert engine.sessions.loaded("s").entries.items() and "s" in engine.token_tier._sessions
+    assert engine.sessions.loaded("s").entries.items() and engine.token_tier.session_kv("s").where == "memory"
     engine.sessions.end("s")
     assert engine.sessions.loaded("s") is None  # its memory, turn-tier entries with it
-    assert "s" not in engine.token_tier._sessions
+    assert engine.token_tier.session_kv("s").where != "memory"
     assert engine.sessions.get("s").status.value == "ended"
 
 
@@ -91,7 +91,7 @@ def test_expired_sessions_release_their_tiers(make_engine, tiny_model, toy_embed
     engine.chat("busy", "I want to transfer money", max_new_tokens=4)  # a flow is in progress
     now[0] += timedelta(hours=25)
     assert engine.sessions.expire() == ["idle"]
-    assert engine.sessions.loaded("idle") is None and "idle" not in engine.token_tier._sessions
+    assert engine.sessions.loaded("idle") is None and engine.token_tier.session_kv("idle").where != "memory"
     assert engine.sessions.get("busy").status.value == "active"
     assert engine.sessions.loaded("busy").entries.get("intent_candidate")[0] == "transfer_money"
 
@@ -150,7 +150,7 @@ def test_drift_drops_the_old_topic_from_the_prompt_and_the_turn_tier(bank) -> No
     assert engine.sessions.get("s").state["context_start"] == 2
     follow = engine.chat("s", "yes", max_new_tokens=6)  # the flow goes on in the new topic
     assert not follow.stats.drift and follow.intent == "transfer_money"
-    assert "on Saturday" not in engine.renderer.tokenizer.decode(engine.token_tier._sessions["s"].ids)
+    assert "on Saturday" not in engine.renderer.tokenizer.decode(engine.token_tier.session_kv("s").ids)
 
 
 def test_a_turn_back_on_the_dropped_topic_undoes_the_drift_reset(bank) -> None:  # type: ignore[no-untyped-def]

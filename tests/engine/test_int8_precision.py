@@ -16,6 +16,8 @@ from chatcache.model.generation import forward
 from chatcache.model.int8_precision import Int8Linear, float64_attention, use_int8_matmul
 from chatcache.model.kv import new_cache
 
+from .test_token_tier_correctness import checked_out_whole
+
 SYSTEM = "You are a customer-service assistant for a bank. Answer briefly."
 TURNS = ["Hi, my card has not arrived.", "It was sent two weeks ago."]
 
@@ -109,8 +111,8 @@ def test_int8_turns_on_reused_and_restored_kv_are_a_full_recompute(make_engine, 
     engine.token_tier.unload("s")
     reply = engine.chat("s", TURNS[1], max_new_tokens=8)
     assert reply.stats.tier == "disk" and reply.stats.reused_tokens > 0.5 * reply.stats.prompt_tokens
-    entry = engine.token_tier._sessions["s"]
+    ids = engine.token_tier.session_kv("s").ids
     probe = int8_tiny.tokenizer.encode("And", add_special_tokens=False)
-    reused = forward(int8_tiny.model, probe, entry.cache)
-    full = forward(int8_tiny.model, entry.ids + probe, new_cache(int8_tiny.model.config))
+    reused = forward(int8_tiny.model, probe, checked_out_whole(engine.token_tier, "s", ids, probe))
+    full = forward(int8_tiny.model, ids + probe, new_cache(int8_tiny.model.config))
     assert torch.equal(reused, full)

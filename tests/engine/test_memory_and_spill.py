@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from chatcache import TokenTierConfig
-from chatcache.tiers.kv_spill import dequantize_int8, quantize_int8
+from chatcache.tiers.kv_spill import SpillStore, dequantize_int8, quantize_int8
 
 SYSTEM = "You are a test bot."
 TURNS = ["Hello there", "Book a table for two", "What about Paris?"]
@@ -46,13 +46,13 @@ def test_a_restore_from_disk_is_priced_by_the_measured_rate(make_engine, tiny_mo
     """Admission control's share of a spilled session's first token: its file at the rate restores took."""
     budget = bytes_per_turn_budget(make_engine, tiny_model, 1)
     engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(memory_budget_bytes=budget, spill_dir=tmp_path))
-    tier, spill = engine.token_tier, engine.token_tier._spill
+    tier = engine.token_tier
     sessions = ["a", "b", "c", "d"]
     for session in sessions:
         engine.chat(session, TURNS[0], max_new_tokens=12)  # room for about one: the others go to disk
 
     def on_disk() -> list[str]:
-        return [s for s in sessions if spill.spilled_bytes(s)]
+        return [s for s in sessions if tier.session_kv(s).where == "disk"]
 
     first = on_disk()
     assert first and tier.restore_estimate(first[0]) == 0.0  # no restore measured yet: nothing to price it by
@@ -62,7 +62,7 @@ def test_a_restore_from_disk_is_priced_by_the_measured_rate(make_engine, tiny_mo
     assert spilled
     for session in spilled:
         estimate = tier.restore_estimate(session)
-        assert estimate > 0 and estimate == tier._restore_s_per_byte * spill.spilled_bytes(session)  # type: ignore[operator]
+        assert estimate > 0 and estimate == tier.stats().restore_s_per_byte * tier.session_kv(session).nbytes  # type: ignore[operator]
     for resident in set(sessions) - set(spilled):
         assert tier.restore_estimate(resident) == 0.0  # in memory
     assert tier.restore_estimate("nobody") == 0.0
@@ -88,8 +88,8 @@ def test_corrupted_truncated_or_foreign_spill_files_fall_back_to_recompute(make_
         engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=spill))
         assert engine.chat("s", TURNS[0], max_new_tokens=12).token_ids == want[0]
         engine.token_tier.unload("s")
-        path = engine.token_tier._spill.path("s")
-        assert path.is_file()
+        path = engine.token_tier.session_kv("s").file
+        assert path is not None and path.is_file()
         damage(path)
         got = engine.chat("s", TURNS[1], max_new_tokens=12)
         assert got.token_ids == want[1]
@@ -107,7 +107,7 @@ def test_spill_file_of_other_weights_is_refused(make_engine, tiny_model, build_t
     writer.chat("s", TURNS[0], max_new_tokens=12)
     writer.token_tier.unload("s")
     # Put the first model's KV exactly where the second model looks for this session.
-    writer.token_tier._spill.path("s").replace(reader.token_tier._spill.path("s"))
+    writer.token_tier.session_kv("s").file.replace(reader.token_tier.session_kv("s").file)
     reference = make_engine(other, system_prompt=SYSTEM, token_tier=TokenTierConfig(enabled=False))
     got = reader.chat("s", TURNS[0], max_new_tokens=12)
     assert got.stats.tier != "disk"
@@ -123,8 +123,9 @@ def test_int8_spill_is_smaller_and_serves_the_next_turn(make_engine, tiny_model,
     for engine in (full, small):
         engine.chat("s", TURNS[0], max_new_tokens=40)
         engine.token_tier.unload("s")
-    fp_size = full.token_tier._spill.path("s").stat().st_size
-    q_size = small.token_tier._spill.path("s").stat().st_size
+    fp, q = (engine.token_tier.session_kv("s") for engine in (full, small))
+    assert fp.where == q.where == "disk"
+    fp_size, q_size = fp.nbytes, q.nbytes
     assert q_size < 0.4 * fp_size
     reply = small.chat("s", TURNS[1], max_new_tokens=12)
     assert reply.stats.tier == "disk" and reply.stats.generated_tokens > 0
@@ -148,8 +149,8 @@ def test_ending_a_session_releases_memory_and_disk(make_engine, tiny_model, tmp_
     engine.sessions.end("a")
     engine.sessions.end("b")
     assert engine.kv_stats().resident_bytes < before
-    assert "a" not in engine.token_tier._sessions
-    assert not engine.token_tier._spill.path("b").exists()
+    assert engine.token_tier.session_kv("a").where != "memory"
+    assert engine.token_tier.session_kv("b").where is None and not engine.token_tier.session_kv("b").file.exists()
 
 
 def test_eviction_keeps_a_frequently_used_session_over_a_recent_one(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -165,12 +166,11 @@ def test_eviction_keeps_a_frequently_used_session_over_a_recent_one(make_engine,
         engine.chat("busy", text, max_new_tokens=8)
     engine.chat("once", "Hello there", max_new_tokens=8)
     engine.chat("newcomer", "Hello there", max_new_tokens=8)
-    in_memory = set(engine.token_tier._sessions)
-    assert "busy" in in_memory and "once" not in in_memory
+    assert engine.token_tier.session_kv("busy").where == "memory" and engine.token_tier.session_kv("once").where != "memory"
     assert engine.kv_stats().resident_bytes <= budget
 
 
-def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_model, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """While one session's file is written, other threads read the tier at once (admission's checks
     among them), the written KV still counts and is still known, and that session's next checkout
     waits for the file and restores from it."""
@@ -179,18 +179,18 @@ def test_a_spill_being_written_holds_up_only_its_own_session(make_engine, tiny_m
     engine.chat("b", TURNS[0], max_new_tokens=12)
     tier = engine.token_tier
     resident = tier.resident_bytes()
-    ids = [*tier._sessions["a"].ids, 42, 43]  # the next turn's prompt extends what the session holds
+    ids = [*tier.session_kv("a").ids, 42, 43]  # the next turn's prompt extends what the session holds
     prefix = engine.system_ids
     reusable = tier.reusable("a", ids, prefix)
     writing, release = threading.Event(), threading.Event()
-    save = tier._spill.save
+    save = SpillStore.save
 
     def slow_save(*args, **kwargs):  # type: ignore[no-untyped-def]
         writing.set()
         assert release.wait(30)
         return save(*args, **kwargs)
 
-    tier._spill.save = slow_save
+    monkeypatch.setattr(SpillStore, "save", slow_save)  # every store's writes: this engine's is the only one writing
     unloading = threading.Thread(target=tier.unload, args=("a",))
     unloading.start()
     assert writing.wait(30)
@@ -256,8 +256,6 @@ def files_opened_for_ids(monkeypatch) -> list[str]:  # type: ignore[no-untyped-d
 def test_spilled_ids_are_read_once_per_file_and_again_when_another_writer_replaces_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Admission asks for a spilled session's ids on the event loop at every request: the store
     answers from memory for the file it wrote, and reads a file another process wrote since."""
-    from chatcache.tiers.kv_spill import SpillStore
-
     opened = files_opened_for_ids(monkeypatch)
     layers = [(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))]
     ours, other_process = (SpillStore(tmp_path, "weights", "template", int8=False, budget_bytes=10**8, keys=[KEY]) for _ in range(2))
@@ -285,7 +283,7 @@ def test_the_remembered_spilled_ids_stay_within_their_byte_bound(tmp_path: Path,
     ids = {f"s{n}": list(range(1000 + n, 1000 + n + 100)) for n in range(40)}  # 40 x 100 ids: 16 KB as int32
     for session, session_ids in ids.items():
         store.save(session, session_ids, [(torch.zeros(1, 1, 100, 2), torch.zeros(1, 1, 100, 2))])
-    remembered = store._known_ids
+    remembered = store._known_ids  # private: the store's own bound on what it remembers, which nothing outside it sees
     assert 0 < remembered.currsize <= 4096 and len(remembered) < len(ids)
     assert all(sys.getsizeof(value[1]) < 8 * 100 for value in remembered.values())  # 4 bytes an id, not 36
     assert list(store.spilled_ids("s39") or []) == ids["s39"] and opened == []  # the latest is remembered

@@ -64,6 +64,6 @@ def test_ended_session_refuses_new_turns_and_frees_its_kv(tiny_model, make_engin
     engine = make_engine(tiny_model, system_prompt=SYSTEM, token_tier=TokenTierConfig(spill_dir=None))
     engine.chat("s", "Hello", max_new_tokens=4)
     engine.sessions.end("s")
-    assert "s" not in engine.token_tier._sessions
+    assert engine.token_tier.session_kv("s").where != "memory"
     with pytest.raises(SessionClosedError, match="ended"):
         engine.chat("s", "Hello again", max_new_tokens=4)

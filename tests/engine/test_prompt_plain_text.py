@@ -120,7 +120,7 @@ def test_a_forged_turn_through_the_engine_stays_text(make_engine, tiny_model) ->
     """The prompt the model ran on is the user's text, kept whole, inside one real user turn."""
     engine = make_engine(tiny_model, system_prompt="You are a booking bot.")
     reply = engine.chat("s", FORGED, max_new_tokens=4)
-    prompt = engine.token_tier._sessions["s"].ids[: reply.stats.prompt_tokens]
+    prompt = engine.token_tier.session_kv("s").ids[: reply.stats.prompt_tokens]
     want = f"<|im_start|>system\nYou are a booking bot.<|im_end|>\n<|im_start|>user\n{FORGED}<|im_end|>\n<|im_start|>assistant\n"
     assert tiny_model.tokenizer.decode(prompt) == want
     assert len(specials_in(prompt, special_ids(tiny_model.tokenizer))) == 5

@@ -58,8 +58,8 @@ def uncached_replies(make_engine, tiny_model, session: str = "s") -> list[list[i
 def spilled_after_one_turn(engine, session: str = "s") -> Path:  # type: ignore[no-untyped-def]
     engine.chat(session, TURNS[0], max_new_tokens=12)
     engine.token_tier.unload(session)
-    path: Path = engine.token_tier._spill.path(session)
-    assert path.is_file()
+    path = engine.token_tier.session_kv(session).file
+    assert isinstance(path, Path) and path.is_file()
     return path
 
 

@@ -21,6 +21,15 @@ def engines(make_engine, model, **tier):  # type: ignore[no-untyped-def]
     return cached, uncached
 
 
+def checked_out_whole(tier, session: str, ids: list[int], probe: list[int]):  # type: ignore[no-untyped-def]
+    """The session's KV for `ids` (what it holds), as a turn whose prompt goes on with `probe`
+    checks it out: all of it, cropped to nothing. The checkout is cancelled: the KV is the caller's."""
+    checkout = tier.checkout(session, ids + probe, [], reserve_tokens=len(ids) + len(probe))
+    tier.release(session)
+    assert checkout.tier == "session" and checkout.reused == len(ids)
+    return checkout.cache
+
+
 def test_multi_turn_replies_equal_full_recompute(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
     cached, uncached = engines(make_engine, tiny_model)
     for turn, text in enumerate(TURNS):
@@ -39,10 +48,11 @@ def test_logits_at_reused_position_match_recompute(make_engine, tiny_model) -> N
     engine, _ = engines(make_engine, tiny_model)
     engine.chat("s", "Hello there", max_new_tokens=12)
     engine.chat("s", "Book a table", max_new_tokens=12)
-    entry = engine.token_tier._sessions["s"]
-    probe = [entry.ids[-1]]
-    reused = forward(tiny_model.model, probe, entry.cache)
-    full = forward(tiny_model.model, entry.ids + probe, new_cache(tiny_model.model.config))
+    ids = engine.token_tier.session_kv("s").ids
+    probe = [ids[-1]]
+    cache = checked_out_whole(engine.token_tier, "s", ids, probe)
+    reused = forward(tiny_model.model, probe, cache)
+    full = forward(tiny_model.model, ids + probe, new_cache(tiny_model.model.config))
     assert torch.allclose(reused, full, atol=1e-4)
 
 
@@ -50,7 +60,7 @@ def test_exact_full_hit_leaves_one_token_to_prefill(make_engine, tiny_model) -> 
     engine, _ = engines(make_engine, tiny_model)
     engine.chat("s", "Hello there", max_new_tokens=8)
     tier = engine.token_tier
-    ids = list(tier._sessions["s"].ids)
+    ids = tier.session_kv("s").ids
     checkout = tier.checkout("s", ids, [], reserve_tokens=len(ids))
     assert checkout.reused == len(ids) - 1
     assert checkout.cache.get_seq_length() == len(ids) - 1
@@ -61,18 +71,26 @@ def test_exact_full_hit_leaves_one_token_to_prefill(make_engine, tiny_model) -> 
 
 def test_shared_prefix_is_never_changed_by_sessions(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
     engine, uncached = engines(make_engine, tiny_model)
+    tier, prefix = engine.token_tier, engine.system_ids
     first = engine.chat("a", "Hello there", max_new_tokens=10)
-    (prefix,) = engine.token_tier._prefixes.values()
-    keys_before = [layer.keys.clone() for layer in prefix.cache.layers]
-    length_before = prefix.cache.get_seq_length()
+    assert tier.stats().prefixes == 1
+
+    def prefix_copy(session: str) -> list[torch.Tensor]:
+        """The shared prefix's KV as a new session is handed it: a copy of the whole of it."""
+        checkout = tier.checkout(session, [*prefix, 42], prefix, reserve_tokens=len(prefix) + 1)
+        tier.release(session)
+        assert checkout.tier == "prefix" and checkout.cache.get_seq_length() == len(prefix)
+        return [layer.keys for layer in checkout.cache.layers]
+
+    keys_before = prefix_copy("probe-before")
     second = engine.chat("b", "Hello there", max_new_tokens=10)
     engine.chat("a", "Book a table", max_new_tokens=10)
     assert second.stats.tier == "prefix"
     assert second.stats.reused_tokens == len(engine.system_ids)
     assert second.token_ids == first.token_ids == uncached.chat("x", "Hello there", max_new_tokens=10).token_ids
-    assert prefix.cache.get_seq_length() == length_before == len(prefix.ids)
-    for layer, before in zip(prefix.cache.layers, keys_before):
-        assert torch.equal(layer.keys, before)
+    assert tier.stats().prefixes == 1  # the same one, no longer and no other
+    for keys, before in zip(prefix_copy("probe-after"), keys_before, strict=True):
+        assert torch.equal(keys, before)
 
 
 def test_sessions_in_parallel_threads_match_sequential(make_engine, tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -100,8 +118,8 @@ def test_turns_of_one_session_are_serialized(make_engine, tiny_model) -> None:  
         thread.join()
     roles = [m.role for m in engine.sessions.history("s")]
     assert roles == ["user", "assistant"] * 4
-    entry = engine.token_tier._sessions["s"]
-    assert entry.cache.get_seq_length() == len(entry.ids)
+    ids = engine.token_tier.session_kv("s").ids
+    assert checked_out_whole(engine.token_tier, "s", ids, [42]).get_seq_length() == len(ids)
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 5])

@@ -66,7 +66,7 @@ def test_long_conversation_drops_oldest_turns_never_the_system_prompt(make_engin
         got = cached.chat("s", text, max_new_tokens=16)
         assert got.token_ids == uncached.chat("s", text, max_new_tokens=16).token_ids
         assert got.stats.prompt_tokens + 16 <= 160
-        assert cached.token_tier._sessions["s"].ids[: len(system_ids)] == system_ids
+        assert cached.token_tier.session_kv("s").ids[: len(system_ids)] == system_ids
         dropped.append(got.stats.dropped_turns)
     assert dropped[0] == 0 and dropped[-1] > 0
     assert dropped == sorted(dropped)  # the oldest leave first, and stay out
