@@ -135,6 +135,11 @@ class ResidentSessions:
             held = self._held.get(session_id)
         return held if isinstance(held, SessionMemory) else None
 
+    def keys(self) -> list[str]:
+        """The keys of every session and caller-kept conversation held now, least recently used first."""
+        with self._lock:
+            return list(self._held)
+
     def sessions(self) -> list[SessionMemory]:
         """Every session's memory held now."""
         with self._lock:

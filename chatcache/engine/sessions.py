@@ -52,7 +52,7 @@ class Sessions:
         self.conversations = conversations
         self._token_tier = token_tier
         self._renderer = renderer
-        self.resident = ResidentSessions(memory, conversations, turn_tier, token_tier, self.expire)
+        self._resident = ResidentSessions(memory, conversations, turn_tier, token_tier, self.expire)
 
     # -- what the apps and the server ask --------------------------------------------
 
@@ -106,7 +106,18 @@ class Sessions:
 
     def in_memory(self, session_id: str) -> bool:
         """Whether this process holds the session in memory (then it exists); never reads the database."""
-        return self.resident.loaded(session_id) is not None
+        return self._resident.loaded(session_id) is not None
+
+    def held_in_memory(self) -> list[str]:
+        """What this process holds in memory, least recently used first: the sessions' ids and the
+        KV keys of conversations callers keep (`ChatEngine.complete`), which the memory bound
+        (`MemoryConfig`) counts and lets go of alike."""
+        return self._resident.keys()
+
+    @property
+    def memory(self) -> MemoryConfig:
+        """The bounds on what sessions hold in memory (and on a reply stream nobody reads)."""
+        return self._resident.config
 
     def rename(self, session_id: str, title: str | None) -> ChatSession:
         """Set (or with None clear) the session's display title.
@@ -157,7 +168,7 @@ class Sessions:
         its context (the terminal app's "clear caches")."""
         if self._token_tier is not None:  # a remote model's KV is its server's
             self._token_tier.clear()
-        for memory in self.resident.sessions():
+        for memory in self._resident.sessions():
             memory.entries.clear()
 
     def close(self) -> None:
@@ -173,7 +184,7 @@ class Sessions:
         expired = self.store.expire_sessions()
         for session_id in expired:
             self.release(session_id)
-        for memory in self.resident.sessions():
+        for memory in self._resident.sessions():
             memory.entries.purge_expired()
         return expired
 
@@ -200,7 +211,7 @@ class Sessions:
                 session_id, "assistant", text, len(self._renderer.encode_text(text)), meta,
                 reply_to=waiting[-1] if waiting else None, lease=conversation.lease,
             )  # fmt: skip
-            self.resident.forget(session_id)  # rebuilt with the person's turn on the next one
+            self._resident.forget(session_id)  # rebuilt with the person's turn on the next one
 
     def hand_back(self, session_id: str) -> None:
         """A person hands a session back to the bot: the dialogue starts over, the history stays.
@@ -215,7 +226,7 @@ class Sessions:
             machine.apply(DialogueEvent(EventType.RESET, event_id=f"{session_id}:{conversation.last_seq}:hand-back"))
             conversation.dialogue = machine.snapshot()
             self.conversations.store_state(conversation)
-            self.resident.forget(session_id)  # its topic and entries were the flow's
+            self._resident.forget(session_id)  # its topic and entries were the flow's
 
     # -- what a turn holds -------------------------------------------------------------
 
@@ -225,11 +236,11 @@ class Sessions:
         Raises:
             UnknownSessionError: `create` is false and the session does not exist.
         """
-        return self.resident.hold(session_id, create)
+        return self._resident.hold(session_id, create)
 
     def hold_kv(self, key: str) -> AbstractContextManager[None]:
         """The KV key of a conversation the caller keeps, with its lock held (`ResidentSessions.hold_kv`)."""
-        return self.resident.hold_kv(key)
+        return self._resident.hold_kv(key)
 
     def open(self, session_id: str, create: bool) -> SessionMemory:
         """The session's memory without its lock (a background reader takes it itself).
@@ -237,20 +248,20 @@ class Sessions:
         Raises:
             UnknownSessionError: `create` is false and the session does not exist.
         """
-        return self.resident.open(session_id, create)
+        return self._resident.open(session_id, create)
 
     def loaded(self, session_id: str) -> SessionMemory | None:
         """The session's memory if this process holds it; never reads the database."""
-        return self.resident.loaded(session_id)
+        return self._resident.loaded(session_id)
 
     def forget(self, session_id: str) -> None:
         """Drop the session's memory: what a turn changed there was never stored (it failed or
         was refused), so the next turn rebuilds it from the session tier."""
-        self.resident.forget(session_id)
+        self._resident.forget(session_id)
 
     def release(self, session_id: str) -> None:
         """Free what a session holds in memory and on disk (it ended, expired or was deleted)."""
-        self.resident.release(session_id)
+        self._resident.release(session_id)
 
 
 def _handed_off(conversation: Conversation) -> DialogueState:

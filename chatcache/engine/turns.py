@@ -101,7 +101,7 @@ class TurnPipeline:
         """
         if isinstance(self.runner, RemoteRunner):
             self.runner.check(turn.params)
-        stream = ReplyStream(self.run(turn), self.sessions.resident.config.abandon_stream_after_s)
+        stream = ReplyStream(self.run(turn), self.sessions.memory.abandon_stream_after_s)
         close_at_exit(stream)
         return stream
 

@@ -28,10 +28,11 @@ def per_session_sizes(engine) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """Every structure that holds something per session, by its number of sessions: the
     sessions' memories (conversation, drift topic, turn-tier entries), and the token tier's KV
     and heat, which the token tier holds because engines on one model share its budget."""
+    kv = engine.kv_stats()
     return {
-        "session memories": len(engine.sessions.resident),
-        "token tier KV": len(engine.token_tier._sessions),
-        "token tier heat": len(engine.token_tier._heat),
+        "session memories": len(engine.sessions.held_in_memory()),
+        "token tier KV": kv.sessions_in_memory,
+        "token tier heat": kv.sessions_with_heat,
     }
 
 
@@ -95,7 +96,9 @@ def test_a_session_let_go_of_continues_like_the_uncached_path(make_engine, tiny_
             memory=MemoryConfig(max_sessions_in_memory=2),
         )
         assert converse(engine, turns[:3]) == want[:3]
-        assert engine.sessions.loaded("a") is None and "a" not in engine.token_tier._heat
+        assert engine.sessions.loaded("a") is None and engine.token_tier.session_kv("a").where != "memory"
+        # "b" and "c" hold KV in memory, so each has a heat: "a" has none left.
+        assert [engine.token_tier.session_kv(s).where for s in "bc"] == ["memory"] * 2 and engine.kv_stats().sessions_with_heat == 2
         restored = engine.chat("a", TEXTS[1], max_new_tokens=10)
         assert restored.stats.tier == tier and restored.token_ids == want[3]
         assert converse(engine, turns[4:]) == want[4:]
@@ -115,9 +118,10 @@ def test_idle_sessions_are_let_go_of_after_the_idle_limit(make_engine, tiny_mode
     engine.chat("b", TEXTS[0], max_new_tokens=4)
     time.sleep(0.6)
     engine.chat("c", TEXTS[1], max_new_tokens=4)
-    assert [memory.key for memory in engine.sessions.resident.sessions()] == ["c"]
-    assert set(engine.token_tier._sessions) == set(engine.token_tier._heat) == {"c"}
-    assert engine.token_tier._spill.path("a").is_file()  # let go of, not lost
+    assert engine.sessions.held_in_memory() == ["c"]
+    kv = engine.kv_stats()
+    assert engine.token_tier.session_kv("c").where == "memory" and kv.sessions_in_memory == kv.sessions_with_heat == 1  # "c"'s alone
+    assert engine.token_tier.session_kv("a").where == "disk"  # let go of, not lost
 
 
 def test_a_session_in_a_turn_in_another_thread_is_not_let_go_of(make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -150,8 +150,8 @@ def test_many_conversations_keep_the_engines_memory_within_its_bound(tiny_model,
     model = CachedChatModel(engine=engine, max_tokens=2)
     for index in range(20):
         model.invoke([SystemMessage(SYSTEM), HumanMessage(f"conversation {index}")])
-        assert len(engine.token_tier._heat) <= 5  # noqa: SLF001 - the structure that used to grow
-        assert len(engine.sessions.resident) <= 5
+        assert engine.kv_stats().sessions_with_heat <= 5  # the structure that used to grow
+        assert len(engine.sessions.held_in_memory()) <= 5
 
 
 def test_langchain_cache_hits_stream_like_generated_answers(lc_model, toy_embed, tmp_path) -> None:  # type: ignore[no-untyped-def]
