@@ -3,7 +3,7 @@
 from .audits import BoundStatus
 from .cache import AnswerCache, AnswerCacheStats, CacheHit
 from .config import AnswerCacheConfig
-from .keys import Scope, bot_fingerprint, conversation_context, intent_context, normalize
+from .keys import AnswerScope, Scope, bot_fingerprint, conversation_context, intent_context, normalize
 from ..tiers.lfu import LfuPlus, decay_factor
 from .personal import any_personal_data, carries_personal_data
 from .verify import verify
@@ -12,6 +12,7 @@ __all__ = [
     "AnswerCache",
     "AnswerCacheConfig",
     "AnswerCacheStats",
+    "AnswerScope",
     "BoundStatus",
     "CacheHit",
     "LfuPlus",

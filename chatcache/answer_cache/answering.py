@@ -11,12 +11,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from chatcache.storage import SessionStore
 
 from . import AnswerCache, BoundStatus, CacheHit, Scope
-from .keys import conversation_context, intent_context, normalize
+from .keys import AnswerScope, conversation_context, intent_context, normalize
 from .personal import any_personal_data
 from .verify import stems
 from ..config import GenerationConfig
@@ -28,23 +28,6 @@ from .prefetch import Answer, Prefetcher, TransitionModel
 from ..model.prompt import Message, Prompt
 from ..model.remote import RemoteRunner
 from ..reply import TurnStats
-
-
-@dataclass(frozen=True)
-class AnswerScope:
-    """Where one turn's answer is looked up and kept.
-
-    Attributes:
-        scope: the answer cache's scope.
-        intent: it is a confirmed cacheable intent's scope (its own similarity threshold).
-        across_users: users share it, so answers found by meaning must not echo another question.
-        storable: this turn's answer may be kept there.
-    """
-
-    scope: Scope
-    intent: bool
-    across_users: bool
-    storable: bool
 
 
 def answer_scope(

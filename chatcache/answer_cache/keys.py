@@ -50,6 +50,23 @@ class Scope:
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class AnswerScope:
+    """Where one turn's answer is looked up and kept.
+
+    Attributes:
+        scope: the answer cache's scope.
+        intent: it is a confirmed cacheable intent's scope (its own similarity threshold).
+        across_users: users share it, so answers found by meaning must not echo another question.
+        storable: this turn's answer may be kept there.
+    """
+
+    scope: Scope
+    intent: bool
+    across_users: bool
+    storable: bool
+
+
 def bot_fingerprint(system_prompt: str | None) -> str:
     return hashlib.sha256((system_prompt or "").encode()).hexdigest()[:16]
 

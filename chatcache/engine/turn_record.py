@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from chatcache.dialog import ActionOutcome
 
-from ..answer_cache.answering import AnswerScope
+from ..answer_cache import AnswerScope
 from ..config import GenerationConfig
 from ..errors import InvalidMessageError
 from ..model.prompt import Message, PromptRenderer

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 from chatcache.dialog import ActionContext, ActionOutcome, Actions
 
-from ..answer_cache import CacheHit
+from ..answer_cache import AnswerScope, CacheHit
 from ..answer_cache.answering import CachedAnswers
 from ..config import GenerationConfig
 from ..model.prompt import Message, Prompt, PromptRenderer, RenderedSegments, ReplyIds
@@ -306,6 +306,19 @@ class TurnPipeline:
         )
 
     # -- the next turn, ahead of time ----------------------------------------------------
+
+    def answer_scope(self, session_id: str, question: str) -> AnswerScope | None:
+        """Where `understand` would put `question` as the session's next turn, were no flow to
+        steer it (`CachedAnswers.scope`); None without an answer cache or for a turn it never
+        keeps. Waits for a turn running on the session; records nothing.
+
+        Raises:
+            UnknownSessionError: no such session.
+        """
+        if self.answers is None:
+            return None
+        with self.sessions.hold(session_id, create=False) as memory:
+            return self.answers.scope(memory.conversation, TurnContext(), question)
 
     def prefetch(self, session_id: str, question: str, should_stop: Callable[[], bool]) -> bool:
         """ACPC: answer `question` into the answer cache as the session's next turn would ask it,

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..answer_cache import AnswerCache, AnswerCacheConfig, Scope
-from ..answer_cache.answering import AnswerScope, answer_scope
+from ..answer_cache import AnswerCache, AnswerCacheConfig, AnswerScope, Scope
+from ..answer_cache.answering import answer_scope
 from ..answer_cache.keys import normalize
 from ..model.prompt import Message
 from ..steering.hcac import TurnContext

@@ -15,7 +15,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from chatcache import TokenTierConfig
-from chatcache.answer_cache import AnswerCacheConfig, carries_personal_data
+from chatcache.answer_cache import AnswerCacheConfig, Scope, carries_personal_data
+from chatcache.answer_cache.answering import answer_scope
 from chatcache.cli import main
 from chatcache.tiers.conversations import Conversation
 from chatcache.steering.hcac import TurnContext
@@ -24,6 +25,7 @@ from chatcache.model.prompt import Message
 
 SYSTEM = "You are a helpful assistant."
 STORE_ALL = AnswerCacheConfig(max_entropy_bits=100.0)
+BASE = Scope("model", "bot")  # the scope every answer of one engine shares
 
 
 @pytest.mark.parametrize(
@@ -59,32 +61,41 @@ def _conversation(session_id: str, *texts: str) -> Conversation:
     return Conversation(session_id, system=Message("system", SYSTEM), turns=turns)
 
 
-def test_a_follow_up_is_scoped_by_the_whole_conversation_not_the_last_exchange(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
-    engine = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed)
+def test_a_follow_up_is_scoped_by_the_whole_conversation_not_the_last_exchange() -> None:
     count = ("Count from 1 to 5.", "1, 2, 3, 4, 5.")
     paris = _conversation("a", "Tell me about Paris.", "Paris is the capital of France.", *count)
     rome = _conversation("b", "Tell me about Rome.", "Rome is the capital of Italy.", *count)
     question = "Which city did I ask about?"
-    a, b = (engine.answers.scope(c, TurnContext(), question) for c in (paris, rome))
+    a, b = (answer_scope(BASE, "local", c, TurnContext(), question) for c in (paris, rome))
     assert a is not None and b is not None and a.scope != b.scope  # the same last exchange, not the same context
-    same = engine.answers.scope(_conversation("c", *[m.content for m in paris.turns]), TurnContext(), question)
+    same = answer_scope(BASE, "local", _conversation("c", *[m.content for m in paris.turns]), TurnContext(), question)
     assert same == a  # word for word the same conversation: the model sees the same prompt
     moved = _conversation("d", *[m.content for m in paris.turns])
     moved.context_start = 2  # the Paris turn left the prompt (drift): the model no longer sees it
-    assert engine.answers.scope(moved, TurnContext(), question) != a
-    other_user = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed, user_id="someone-else")
-    elsewhere = other_user.answers.scope(paris, TurnContext(), question)
+    assert answer_scope(BASE, "local", moved, TurnContext(), question) != a
+    elsewhere = answer_scope(BASE, "someone-else", paris, TurnContext(), question)
     assert elsewhere is not None and elsewhere.scope != a.scope  # follow-ups are never shared across users
     assert not a.across_users
 
 
+def test_an_engine_scopes_a_follow_up_by_its_user(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
+    """The same conversation (the model answers both alike), the same follow-up: one scope each user."""
+    engines = [make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed, user_id=user) for user in ("local", "someone-else")]
+    question = "Which city did I ask about?"
+    for engine, session in zip(engines, ("a", "b")):
+        engine.chat(session, "Tell me about Paris.", max_new_tokens=4)
+    mine, elsewhere = (engine.answer_scope(session, question) for engine, session in zip(engines, ("a", "b")))
+    assert engines[0].sessions.history("a") == engines[1].sessions.history("b")
+    assert mine is not None and elsewhere is not None and mine.scope != elsewhere.scope and not mine.across_users
+
+
 def test_a_turn_whose_context_or_question_carries_personal_data_is_not_cached(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
     engine = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed)
-    first = engine.answers.scope(_conversation("first"), TurnContext(), "What are your opening hours?")
-    assert first is not None and first.scope == engine.answers.base and first.across_users  # context-free: shared
-    assert engine.answers.scope(_conversation("first"), TurnContext(), "Is account 12345674 still open?") is None
+    first = answer_scope(BASE, "local", _conversation("first"), TurnContext(), "What are your opening hours?")
+    assert first is not None and first.scope == BASE and first.across_users  # context-free: shared
+    assert answer_scope(BASE, "local", _conversation("first"), TurnContext(), "Is account 12345674 still open?") is None
     alice = _conversation("alice", "My account number is 12345674.", "Noted.")
-    assert engine.answers.scope(alice, TurnContext(), "What is my account number?") is None
+    assert answer_scope(BASE, "local", alice, TurnContext(), "What is my account number?") is None
     engine.chat("alice", "My account number is 12345674.", max_new_tokens=4)
     engine.chat("alice", "What is my account number?", max_new_tokens=4)
     assert engine.answer_cache.snapshot().lookups == 0  # neither turn reached the cache
@@ -188,11 +199,10 @@ def test_an_answer_found_by_meaning_across_users_never_echoes_another_question(t
     assert served is not None and served.answer == "We open at 9 and close at 5."
 
 
-def test_a_cacheable_intent_keeps_only_answers_written_without_a_conversation(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
-    engine = make_engine(tiny_model, system_prompt=SYSTEM, answer_cache=True, embedder=toy_embed)
+def test_a_cacheable_intent_keeps_only_answers_written_without_a_conversation() -> None:
     done = TurnContext(cacheable=True, confirmed=True, dialogue_state="DONE", intent="opening_hours")
-    first = engine.answers.scope(_conversation("a"), done, "When do you open?")
-    later = engine.answers.scope(_conversation("b", "I'm travelling with my wife Jane", "Lovely."), done, "When do you open?")
+    first = answer_scope(BASE, "local", _conversation("a"), done, "When do you open?")
+    later = answer_scope(BASE, "local", _conversation("b", "I'm travelling with my wife Jane", "Lovely."), done, "When do you open?")
     assert first is not None and later is not None and first.scope == later.scope  # every wording, every user
     assert first.storable and first.across_users
     assert not later.storable  # the model saw somebody's conversation when it wrote this one
@@ -203,7 +213,8 @@ def test_a_first_question_about_someone_is_not_served_to_another_user(bundled_en
     """The reviewer's case on the real embedder: the two requests are 0.79 apart, above the threshold."""
     alice = bundled_engine(user_id="alice")
     asked = SICK_NOTE.format("Jane Doe has the flu")
-    where = alice.answers.scope(_conversation("a"), TurnContext(), asked)
+    alice.sessions.create("a")
+    where = alice.answer_scope("a", asked)
     assert where is not None and where.storable  # nothing the patterns know as personal
     # As the engine keeps a finished first answer (the model's own note runs past any short limit).
     assert alice.answer_cache.store(asked, "Dear team, Jane Doe has the flu and will be off this week.", where.scope, 0.5, 900.0)
