@@ -76,6 +76,7 @@ class AnswerCacheStats:
     expirations: int = 0
     entries: int = 0
     bytes: int = 0
+    scopes: int = 0  # scopes with entries in memory, each with its own index (a follow-up's are many and short-lived)
     prefetched_entries: int = 0
     prefetched_hits: int = 0
     audits: int = 0  # this process's audits (`bound_status` counts every replica's)
@@ -571,6 +572,7 @@ class AnswerCache:
         with self._lock:
             self.stats.entries = len(self._entries)
             self.stats.bytes = self._bytes
+            self.stats.scopes = len(self._indexes.keys() | self._exact.keys())
             self.stats.prefetched_entries = sum(e.record.prefetched for e in self._entries.values())
             self.stats.scopes_by_meaning, self.stats.scopes_exact_only = self._scope_counts()
             return replace(self.stats, refusal_reasons=dict(self.stats.refusal_reasons))

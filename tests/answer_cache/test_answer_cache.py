@@ -186,7 +186,7 @@ def test_expired_entries_leave_with_their_scopes(toy_embed, tmp_path: Path) -> N
         assert answers.purge_expired() == 3
         assert store.answers.all() == []
         # Follow-up scopes are one per conversation turn: an emptied one must not linger.
-        assert answers._indexes == {} and answers._exact == {}
+        assert answers.snapshot().scopes == 0
         assert answers.lookup("and on sunday", follow_up) is None
 
 
@@ -265,5 +265,5 @@ def test_a_hit_records_what_the_whole_lookup_cost_as_the_entrys_latency() -> Non
     answers = AnswerCache(AnswerCacheConfig(verify=False), slow_embed)
     answers.store("opening hours", "9 to 5", BOT, 1.0, 100, embedding=slow_embed(["x"])[0])
     assert answers.lookup("when do you open", BOT) is not None
-    (entry,) = answers._entries.values()
+    (entry,) = answers._entries.values()  # private: an entry's heat is the cache's own eviction state, shown nowhere
     assert entry.heat.latency_ms >= 50

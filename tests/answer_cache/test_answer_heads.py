@@ -116,8 +116,10 @@ def test_heads_follow_their_scope_in_a_background_thread() -> None:
     space = Space()
     rows: dict[str, tuple[list[np.ndarray], list[str]]] = {"s": ([], [])}
     lock = threading.Lock()
+    fitted_on: list[int] = []  # the threads fits ran on
 
     def snapshot(key: str) -> ScopeRows:
+        fitted_on.append(threading.get_ident())  # a fit starts by reading its scope's rows, here
         with lock:
             vectors, labels = rows[key]
             return ScopeRows(np.stack(vectors), list(labels), [f"q{i}" for i in range(len(labels))])
@@ -132,14 +134,6 @@ def test_heads_follow_their_scope_in_a_background_thread() -> None:
     add("a", axis(1), 10)
     add("b", axis(0, 1), 10)
     caller = threading.get_ident()
-    fitted_on: list[int] = []
-    real_fit = heads._fit
-
-    def recording_fit(key: str) -> None:
-        fitted_on.append(threading.get_ident())
-        real_fit(key)
-
-    heads._fit = recording_fit  # type: ignore[method-assign]
     heads.changed("s", 20)
     deadline = time.monotonic() + 30
     while heads.head("s") is None and time.monotonic() < deadline:
