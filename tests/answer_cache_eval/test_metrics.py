@@ -253,6 +253,7 @@ def test_split_keeps_every_category_on_both_sides(tmp_path: Path) -> None:
 
 def test_mains_print_one_json_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Whatever the runs (bounds, GPTCache where installed, wrong answers listed), stdout is one JSON object."""
+    # Private: the evaluations load the bundled embedder themselves; a bag of words stands in.
     monkeypatch.setattr("chatcache.evals.answer_cache._bundled_embed", bag_embed)
     monkeypatch.setattr("chatcache.evals.answer_cache_pairs._bundled_embed", bag_embed)
     train = write_csv(tmp_path / "train.csv", TRAIN)

@@ -78,7 +78,7 @@ def test_the_offline_default_leaves_a_users_choice_alone(given: str | None, expe
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     else:
         monkeypatch.setenv("HF_HUB_OFFLINE", given)
-    cli._offline_by_default()
+    cli._offline_by_default()  # private: the step `main` takes first, alone, in this process's environment
     assert os.environ["HF_HUB_OFFLINE"] == expected
 
 
@@ -101,6 +101,7 @@ def test_max_error_rate_and_no_answer_cache_contradict_each_other(capsys: pytest
 def test_max_error_rate_sets_the_engines_answer_cache_bound() -> None:
     from chatcache import AnswerCacheConfig
 
+    # Private: what `main` builds the engine's answer cache from, without loading a model to see it.
     parse = cli._parser().parse_args
     assert cli._answer_cache(parse(["ask", "--max-error-rate", "0.01", "--session", "s", "x"])) == AnswerCacheConfig(max_error_rate=0.01)
     assert cli._answer_cache(parse(["ask", "--session", "s", "x"])) is True

@@ -107,7 +107,7 @@ def test_the_learned_detector_and_the_rules_are_reported_side_by_side(tmp_path: 
 
 def test_main_prints_one_json_object(tmp_path: Path, capsys, monkeypatch) -> None:
     data, schema = write_data(tmp_path)
-    monkeypatch.setattr("chatcache.evals.drift._bundled_embed", fake_embed)
+    monkeypatch.setattr("chatcache.evals.drift._bundled_embed", fake_embed)  # private: the bundled embedder it loads itself
     model = never_drifts(tmp_path / "model.json")
     assert main(["--data", str(data), "--schema", str(schema), "--model", str(model), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)

@@ -24,7 +24,7 @@ CACHED_ANSWER = "Sunny, 25 degrees."
 @pytest.fixture
 def load(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """`load_chat_model` as a new process would run it: nothing loaded yet."""
-    monkeypatch.setattr(models, "_chat_models", {})
+    monkeypatch.setattr(models, "_chat_models", {})  # private: the process's loaded models, none as in a new process
 
     def fresh(directory: Path) -> ChatModel:
         models._chat_models.clear()

@@ -272,6 +272,7 @@ def test_a_familiar_message_below_the_confidence_floor_is_out_of_scope(trained) 
     torn = np.array([floor - 0.01, 0.25, 0.25, 0.51 - floor])  # the best intent just under the floor
     sure = np.array([floor + 0.01, 0.25, 0.25, 0.49 - floor])
     assert labels == ["balance", "hours", "lost_card", OUT_OF_SCOPE]
+    # Private: the verdict rule alone, on probabilities no message can be made to give exactly.
     assert model._verdict(torn, familiar=True).intent == OUT_OF_SCOPE
     assert model._verdict(sure, familiar=True).intent == "balance"
     assert model._verdict(sure, familiar=False).intent == OUT_OF_SCOPE

@@ -74,7 +74,7 @@ def test_hold_waits_for_the_holder_then_gives_up_clearly(store_url) -> None:  # 
 def test_a_held_lease_is_renewed_while_the_turn_runs(store_url) -> None:  # type: ignore[no-untyped-def]
     with SessionStore(store_url) as store:
         store.create_session("s", "u", "b")
-        leases = TurnLeases(store._db, _now, ttl=timedelta(seconds=0.6))  # noqa: SLF001
+        leases = TurnLeases(store._db, _now, ttl=timedelta(seconds=0.6))  # noqa: SLF001 - a short ttl
         with leases.hold("s") as held:
             time.sleep(1.5)  # past two ttls: only the renewals keep it
             assert leases.try_acquire("s", "intruder") is None
