@@ -79,7 +79,7 @@ def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve, monkeyp
     engine = server.tenants("default")
     assert engine.answer_cache.stats.stores == 0 and engine.store.list_sessions() == []
     tier = server.tenants.token_tier
-    prefix_bytes = len(engine.runner.system_ids) * tier.bytes_per_token
+    prefix_bytes = len(engine.system_ids) * tier.bytes_per_token
     assert tier.stats().sessions_in_memory == 0 and tier.stats().resident_bytes == prefix_bytes, "only the shared prefix is kept"
 
     # Run again, watching what it hands the scheduler: every row starts from the system prompt's KV.
@@ -92,7 +92,7 @@ def test_the_warm_up_measures_the_rates_and_leaves_nothing_behind(serve, monkeyp
 
     monkeypatch.setattr(scheduler, "submit", watched)
     warm_up(server)
-    assert started_from == [len(engine.runner.system_ids)] * (1 + sum(WARM_UP_BATCHES))
+    assert started_from == [len(engine.system_ids)] * (1 + sum(WARM_UP_BATCHES))
     assert tier.stats().resident_bytes == prefix_bytes  # nothing held for a turn either: reservations count
 
 
