@@ -87,6 +87,9 @@ def test_an_engine_scopes_a_follow_up_by_its_user(tiny_model, make_engine, toy_e
     mine, elsewhere = (engine.answer_scope(session, question) for engine, session in zip(engines, ("a", "b")))
     assert engines[0].sessions.history("a") == engines[1].sessions.history("b")
     assert mine is not None and elsewhere is not None and mine.scope != elsewhere.scope and not mine.across_users
+    uncached = make_engine(tiny_model, system_prompt=SYSTEM)
+    uncached.sessions.create("a")
+    assert uncached.answer_scope("a", question) is None  # no answer cache: nothing is looked up
 
 
 def test_a_turn_whose_context_or_question_carries_personal_data_is_not_cached(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
