@@ -12,7 +12,7 @@ from typing import Any
 from chatcache.dialog import Actions, BotDefinition, load_bot
 from chatcache.storage import SessionStore
 
-from ..answer_cache import AnswerCache, AnswerCacheConfig, AnswerScope, BoundStatus, Scope, bot_fingerprint
+from ..answer_cache import AnswerCache, AnswerCacheConfig, BoundStatus, Scope, bot_fingerprint
 from ..answer_cache.answering import CachedAnswers
 from ..config import GenerationConfig, MemoryConfig, TokenTierConfig, default_data_dir
 from ..errors import ConfigError
@@ -287,16 +287,6 @@ class ChatEngine:
     def kv_stats(self) -> TokenTierStats:
         """The token tier's counters; all zero on a remote model, whose KV is its server's."""
         return self.token_tier.stats() if self.token_tier is not None else TokenTierStats()
-
-    def answer_scope(self, session_id: str, question: str) -> AnswerScope | None:
-        """Where the answer cache looks up and keeps `question` asked next in `session_id`, were
-        no dialogue flow to steer it; None without an answer cache or for a turn it never keeps
-        (personal data). Opens the session as a turn would, records nothing (`TurnPipeline.answer_scope`).
-
-        Raises:
-            UnknownSessionError: no such session.
-        """
-        return self.turns.answer_scope(session_id, question)
 
     def answer_cache_bound(self) -> BoundStatus | None:
         """The answer cache's error bound and what the audits measured (every replica's), for the

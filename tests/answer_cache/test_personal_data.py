@@ -84,12 +84,12 @@ def test_an_engine_scopes_a_follow_up_by_its_user(tiny_model, make_engine, toy_e
     question = "Which city did I ask about?"
     for engine, session in zip(engines, ("a", "b")):
         engine.chat(session, "Tell me about Paris.", max_new_tokens=4)
-    mine, elsewhere = (engine.answer_scope(session, question) for engine, session in zip(engines, ("a", "b")))
+    mine, elsewhere = (engine.turns.answer_scope(session, question) for engine, session in zip(engines, ("a", "b")))
     assert engines[0].sessions.history("a") == engines[1].sessions.history("b")
     assert mine is not None and elsewhere is not None and mine.scope != elsewhere.scope and not mine.across_users
     uncached = make_engine(tiny_model, system_prompt=SYSTEM)
     uncached.sessions.create("a")
-    assert uncached.answer_scope("a", question) is None  # no answer cache: nothing is looked up
+    assert uncached.turns.answer_scope("a", question) is None  # no answer cache: nothing is looked up
 
 
 def test_a_turn_whose_context_or_question_carries_personal_data_is_not_cached(tiny_model, make_engine, toy_embed) -> None:  # type: ignore[no-untyped-def]
@@ -217,7 +217,7 @@ def test_a_first_question_about_someone_is_not_served_to_another_user(bundled_en
     alice = bundled_engine(user_id="alice")
     asked = SICK_NOTE.format("Jane Doe has the flu")
     alice.sessions.create("a")
-    where = alice.answer_scope("a", asked)
+    where = alice.turns.answer_scope("a", asked)
     assert where is not None and where.storable  # nothing the patterns know as personal
     # As the engine keeps a finished first answer (the model's own note runs past any short limit).
     assert alice.answer_cache.store(asked, "Dear team, Jane Doe has the flu and will be off this week.", where.scope, 0.5, 900.0)

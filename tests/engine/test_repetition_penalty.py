@@ -53,7 +53,7 @@ def test_a_penalised_turn_is_never_served_an_answer_the_cache_kept(tiny_model, m
     engine = make_engine(tiny_model, system_prompt="Be brief.", token_tier=TokenTierConfig(enabled=False), answer_cache=True, embedder=toy_embed)
     question = "What are your opening hours?"
     engine.sessions.create("a")
-    scope = engine.answer_scope("a", question)
+    scope = engine.turns.answer_scope("a", question)
     engine.answer_cache.store(question, "Nine to five.", scope.scope, entropy_bits=0.1, latency_ms=100, embedding=None)
     served = engine.chat("a", question, max_new_tokens=8)
     assert served.stats.answer_cache_hit and served.text == "Nine to five."

@@ -181,7 +181,7 @@ def test_while_saturated_a_turn_that_needs_the_model_is_refused_before_the_engin
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue"
         assert started == [] and http.get("/v1/sessions/s").json()["messages"] == []
         # An exact repeat of a cached question may be served: it goes on to the engine.
-        scope = engine.answer_scope("default/s", "What are your opening hours?")
+        scope = engine.turns.answer_scope("default/s", "What are your opening hours?")
         engine.answer_cache.store("What are your opening hours?", "Nine to five.", scope.scope, entropy_bits=0.1, latency_ms=100, embedding=None)
         served = http.post("/v1/sessions/s/messages", json={"content": "What are your opening hours?"})
         assert served.status_code == 200, served.text
