@@ -6,8 +6,10 @@ from __future__ import annotations
 from chatcache.model.draft_length import GROWTH, PROBE_AFTER, DraftLength
 
 
-def test_a_reply_drafts_up_to_the_limit_until_it_has_a_draft_checked() -> None:
-    assert DraftLength().next(limit=8) == 8
+def test_a_new_reply_drafts_a_few_tokens_first() -> None:
+    """Not the limit: a first guess that is wrong costs a step fed 3 tokens, not 9."""
+    assert DraftLength().next(limit=8) == GROWTH
+    assert DraftLength().next(limit=1) == 1
     assert DraftLength().next(limit=0) == 0
 
 
