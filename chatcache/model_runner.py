@@ -7,10 +7,11 @@ the KV back in covering everything the model has seen. A reply may be drafted fr
 answers the turn passes and from its own prompt (prompt lookup, `model.drafts`) when the
 scheduler drafts (`Scheduler.draft_tokens`, off by default): it checks the drafted tokens in the
 forward pass it runs anyway and keeps those the model would have written (or, sampling, as
-likely as it would have). `complete` answers a prompt off the record, for answer-cache audits and prefetching, through the same scheduler; `decode_batches`
-runs a warm-up's batches on it, so its step costs are measured before the first turn. A model
-whose cache cannot be batched (sliding-window or linear-attention layers) decodes in the
-caller's thread instead, one token at a time.
+likely as it would have). `complete` answers a prompt off the record, for answer-cache audits
+and prefetching, through the same scheduler; `decode_batches` runs a warm-up's batches on it,
+so its step costs are measured before the first turn. A model whose cache cannot be batched
+(sliding-window or linear-attention layers) decodes in the caller's thread instead, one token
+at a time.
 
 It joins the model and the token tier, so it sits above both: `model/` runs a model on
 whatever cache it is given and never imports `tiers/`.
@@ -63,7 +64,7 @@ class ModelRunner:
         self.reply_formats = ReplyFormats(chat_model.tokenizer, self.eos_ids)
 
     @property
-    def drafts(self) -> bool:
+    def drafting(self) -> bool:
         """Whether replies are drafted now (`Scheduler.draft_tokens`), so cached answers near a
         question are worth finding for its reply."""
         return self.chat_model.scheduler.draft_tokens > 0

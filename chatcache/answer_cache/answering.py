@@ -158,8 +158,7 @@ class CachedAnswers:
         Only the turn's own scope is searched, so a follow-up drafts only from its user's
         answers after the same conversation, and a turn that carries personal data has no scope
         (`answer_scope`). A drafted reply is the model's own whatever the drafts (greedy: token
-        for token; sampled: in distribution), so an answer made with other decoding settings
-        serves as well as any.
+        for token; sampled: in distribution), so a sampled turn drafts from them as a greedy one does.
         """
         return self.cache.nearest_answers(
             text,

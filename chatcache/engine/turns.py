@@ -233,7 +233,7 @@ class TurnPipeline:
         """The model's reply on the turn's KV, handed over in `generated`; a local model's drafted
         from the cached answers near the question; one it ended itself may be stored in the answer cache."""
         if isinstance(self.runner, ModelRunner):
-            answers = self._near_answers(turn, understood) if self.runner.drafts else []
+            answers = self._near_answers(turn, understood) if self.runner.drafting else []
             yield from self.runner.stream(turn.session_id, prompt, turn.params, turn.stats, turn.started, generated, turn.prefix, answers)
         else:  # a server decodes as it will: drafts are its own business
             yield from self.runner.stream(turn.session_id, prompt, turn.params, turn.stats, turn.started, generated, turn.prefix)
