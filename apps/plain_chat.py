@@ -44,7 +44,8 @@ def run_plain_chat(engine: ChatEngine, session_id: str, max_new_tokens: int, std
         stdout.write("\n")
         if interactive and reply is not None:
             s = reply.stats
+            drafts = f", {s.accepted_tokens}/{s.drafted_tokens} drafted tokens kept" if s.drafted_tokens else ""
             sys.stderr.write(
                 f"  [{s.tier}: reused {s.reused_tokens}/{s.prompt_tokens} tokens, "
-                f"ttft {s.ttft_s * 1000:.0f} ms, {s.decode_tokens_per_s:.1f} tok/s]\n"
+                f"ttft {s.ttft_s * 1000:.0f} ms, {s.decode_tokens_per_s:.1f} tok/s{drafts}]\n"
             )

@@ -3,14 +3,15 @@
 `stream` is a turn's only path to the model. It checks the session's KV out of the token
 tier (cropped to what the prompt shares with it), hands the rest of the prompt to the
 scheduler (which batches the decodes of every running turn), streams the reply, and checks
-the KV back in covering everything the model has seen. A greedy reply may be drafted from its own
-prompt (prompt lookup, `model.drafts`) when the scheduler drafts (`Scheduler.draft_tokens`, off
-by default): it checks the drafted tokens in the forward pass it runs anyway and keeps those the
-model would have written. `complete` answers a prompt off the
-record, for answer-cache audits and prefetching, through the same scheduler; `decode_batches`
-runs a warm-up's batches on it, so its step costs are measured before the first turn. A model
-whose cache cannot be batched (sliding-window or linear-attention layers) decodes in the
-caller's thread instead, one token at a time.
+the KV back in covering everything the model has seen. A reply may be drafted from cached
+answers the turn passes and from its own prompt (prompt lookup, `model.drafts`) when the
+scheduler drafts (`Scheduler.draft_tokens`, off by default): it checks the drafted tokens in the
+forward pass it runs anyway and keeps those the model would have written (or, sampling, as
+likely as it would have). `complete` answers a prompt off the record, for answer-cache audits
+and prefetching, through the same scheduler; `decode_batches` runs a warm-up's batches on it,
+so its step costs are measured before the first turn. A model whose cache cannot be batched
+(sliding-window or linear-attention layers) decodes in the caller's thread instead, one token
+at a time.
 
 It joins the model and the token tier, so it sits above both: `model/` runs a model on
 whatever cache it is given and never imports `tiers/`.
@@ -62,12 +63,23 @@ class ModelRunner:
         self.eos_ids = eos_token_ids(chat_model)
         self.reply_formats = ReplyFormats(chat_model.tokenizer, self.eos_ids)
 
-    def _start(self, cache: DynamicCache, prompt: list[int], reused: int, params: GenerationConfig) -> Request | Iterator[GeneratedToken]:
-        """The reply to `prompt`, of which `cache` holds the first `reused` tokens: a scheduled
-        request, or for an unbatchable cache the plain decoding loop."""
+    @property
+    def drafting(self) -> bool:
+        """Whether replies are drafted now (`Scheduler.draft_tokens`), so cached answers near a
+        question are worth finding for its reply."""
+        return self.chat_model.scheduler.draft_tokens > 0
+
+    def _start(
+        self, cache: DynamicCache, prompt: list[int], reused: int, params: GenerationConfig, answers: Sequence[str] = ()
+    ) -> Request | Iterator[GeneratedToken]:
+        """The reply to `prompt`, of which `cache` holds the first `reused` tokens, drafted from
+        `answers` and the prompt: a scheduled request, or for an unbatchable cache the plain
+        decoding loop."""
         matcher = self.reply_formats.matcher(params.reply_format) if params.reply_format is not None else None
         if kv.is_croppable(cache):
-            return self.chat_model.scheduler.submit(cache, prompt[reused:], params, self.eos_ids, matcher, DraftSource(prompt))
+            answer_ids = [self.chat_model.tokenizer.encode(answer, add_special_tokens=False) for answer in answers]
+            drafts = DraftSource(prompt, answer_ids)
+            return self.chat_model.scheduler.submit(cache, prompt[reused:], params, self.eos_ids, matcher, drafts)
         return generate_tokens(self.chat_model.model, cache, prompt[reused:], params, self.eos_ids, matcher)
 
     @staticmethod
@@ -84,13 +96,15 @@ class ModelRunner:
         started: float,
         out: list[Message],
         prefix: list[int] | None = None,
+        answers: Sequence[str] = (),
     ) -> Generator[str, None, None]:
         """Stream the model's reply on the KV kept under `key` and append it to `out`.
 
-        `key` is the token-tier key (a session id, or the LangChain path's conversation key)
-        and `prefix` the shared system-prompt ids to start from (default: the engine's). The
-        reply is handed over through `out`, not returned: when the reader cancels, Python
-        closes this generator and a return value would be lost.
+        `key` is the token-tier key (a session id, or the LangChain path's conversation key),
+        `prefix` the shared system-prompt ids to start from (default: the engine's), and
+        `answers` cached answers near the question, to draft the reply from. The reply is
+        handed over through `out`, not returned: when the reader cancels, Python closes this
+        generator and a return value would be lost.
         """
         prompt = laid_out.ids
         prefix = self.system_ids if prefix is None else prefix
@@ -101,7 +115,7 @@ class ModelRunner:
         entropies: list[float] = []
         text_stream = TextStream(self.chat_model.tokenizer, params.stop)
         stats.finish_reason = "cancelled"
-        tokens = self._start(checkout.cache, prompt, checkout.reused, params)
+        tokens = self._start(checkout.cache, prompt, checkout.reused, params, answers)
         try:
             for token in tokens:
                 if not generated:

@@ -30,7 +30,7 @@ class TurnStats:
         ttft_s: seconds from the call to the first reply token.
         total_s: seconds for the whole turn.
         decode_tokens_per_s: reply tokens per second after the first.
-        drafted_tokens: tokens drafted for free (from the prompt's n-grams) and checked by the
+        drafted_tokens: tokens drafted for free (from cached answers and the prompt's n-grams) and checked by the
             model in the decode steps it ran anyway; vLLM's draft tokens.
         accepted_tokens: of those, the ones the model wrote itself: each saved a decode step.
         tier: which cache served the prompt: "session" (memory), "disk" (spilled and restored),

@@ -17,6 +17,8 @@ class TurnRecord:
     reused_tokens: int | None = None
     prefilled_tokens: int | None = None
     generated_tokens: int | None = None
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
     answer_cache_hit: bool = False
     drift: bool = False
     finish_reason: str = ""
@@ -33,6 +35,8 @@ class TurnRecord:
             reused_tokens=s.reused_tokens,
             prefilled_tokens=s.prefilled_tokens,
             generated_tokens=s.generated_tokens,
+            drafted_tokens=s.drafted_tokens,
+            accepted_tokens=s.accepted_tokens,
             answer_cache_hit=s.answer_cache_hit,
             drift=s.drift,
             finish_reason=s.finish_reason,

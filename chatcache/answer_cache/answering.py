@@ -2,8 +2,9 @@
 
 The answer cache itself (`answer_cache/`) knows nothing about conversations or models. This
 module decides, per turn, which context an answer belongs to (the scope), which replies may
-be stored (finished greedy ones), samples served answers for an audit against the model, and
-keeps what the engine answered in the background for the likely next question (ACPC).
+be stored (finished greedy ones), samples served answers for an audit against the model,
+finds the answers near a question it does not serve for the model to draft from, and keeps
+what the engine answered in the background for the likely next question (ACPC).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .prefetch import Answer, Prefetcher, TransitionModel
 from ..model.prompt import Message, Prompt
 from ..model.remote import RemoteRunner
 from ..reply import TurnStats
+
+DRAFT_ANSWERS = 3  # nearest cached questions whose answers a model turn drafts from
 
 
 def answer_scope(
@@ -127,6 +130,24 @@ class CachedAnswers:
             where.scope,
             embedding=context.embedding,
             intent_scoped=where.intent,
+            across_users=where.across_users,
+            common_words=self.common_words,
+        )
+
+    def near(self, text: str, where: AnswerScope, context: TurnContext) -> list[str]:
+        """Cached answers to questions near `text` in the turn's scope, however near, for the
+        model to draft its reply from when the cache does not serve one (`AnswerCache.nearest_answers`).
+
+        Only the turn's own scope is searched, so a follow-up drafts only from its user's
+        answers after the same conversation, and a turn that carries personal data has no scope
+        (`answer_scope`). A drafted reply is the model's own whatever the drafts (greedy: token
+        for token; sampled: in distribution), so a sampled turn drafts from them as a greedy one does.
+        """
+        return self.cache.nearest_answers(
+            text,
+            where.scope,
+            DRAFT_ANSWERS,
+            embedding=context.embedding,
             across_users=where.across_users,
             common_words=self.common_words,
         )

@@ -230,6 +230,42 @@ class AnswerCache:
             self.stats.misses += 1
             return None
 
+    def nearest_answers(
+        self,
+        question: str,
+        scope: Scope,
+        count: int,
+        embedding: np.ndarray | None = None,
+        across_users: bool = False,
+        common_words: frozenset[str] = frozenset(),
+    ) -> list[str]:
+        """The distinct answers stored for the `count` questions in `scope` nearest `question`,
+        nearest first, however far: not to serve (nothing here is a lookup, and no threshold
+        applies) but for the model to draft its own reply from. In a scope users share, an
+        answer that repeats particulars of its own question that this one lacks is left out,
+        as a lookup leaves it out (`lookup`'s `across_users`).
+        """
+        normalized = normalize(question)
+        key = scope.key()
+        self._catch_up()
+        with self._lock:
+            if not normalized or key not in self._indexes:
+                return []
+        vector = embedding if embedding is not None else self._embed([normalized])[0]
+        answers: list[str] = []
+        with self._lock:
+            if key not in self._indexes:  # evicted meanwhile
+                return []
+            for entry_id, _ in self._indexes[key].search(vector, count):
+                if not self._alive(entry_id):
+                    continue
+                record = self._entries[entry_id].record
+                if across_users and echoes_particulars(question, record.question, record.answer, common_words):
+                    continue
+                if record.answer not in answers:
+                    answers.append(record.answer)
+        return answers
+
     def contains(self, question: str, scope: Scope) -> bool:
         """Whether this exact (normalised) question already has a live entry in `scope`; not a lookup."""
         self._catch_up()

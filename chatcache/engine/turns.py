@@ -230,11 +230,22 @@ class TurnPipeline:
         self.answers.maybe_audit(hit, turn.params, lambda: self.window.plan(conversation, turn))
 
     def _generated_pieces(self, turn: Turn, understood: Understanding, prompt: Prompt, generated: list[Message]) -> Generator[str, None, None]:
-        """The model's reply on the turn's KV, handed over in `generated`; one it ended itself
-        may be stored in the answer cache."""
-        yield from self.runner.stream(turn.session_id, prompt, turn.params, turn.stats, turn.started, generated, turn.prefix)
+        """The model's reply on the turn's KV, handed over in `generated`; a local model's drafted
+        from the cached answers near the question; one it ended itself may be stored in the answer cache."""
+        if isinstance(self.runner, ModelRunner):
+            answers = self._near_answers(turn, understood) if self.runner.drafting else []
+            yield from self.runner.stream(turn.session_id, prompt, turn.params, turn.stats, turn.started, generated, turn.prefix, answers)
+        else:  # a server decodes as it will: drafts are its own business
+            yield from self.runner.stream(turn.session_id, prompt, turn.params, turn.stats, turn.started, generated, turn.prefix)
         if self.answers is not None and understood.scope is not None and generated:
             self.answers.store(turn.text, generated[0], understood.scope, understood.context, turn.stats, turn.params, turn.started)
+
+    def _near_answers(self, turn: Turn, understood: Understanding) -> list[str]:
+        """Cached answers near the turn's question in its scope (none without one), which the
+        cache did not serve, for the model to draft its reply from."""
+        if self.answers is None or understood.scope is None:
+            return []
+        return self.answers.near(turn.text, understood.scope, understood.context)
 
     def _admit(self, received: Received, turn: Turn, prompt: Prompt) -> None:
         """A server's admission control decides on a model turn on a local model; a refused turn

@@ -3,7 +3,8 @@
 A reply grounded in its prompt repeats the prompt's words, and a question the answer cache
 would not serve often gets nearly an answer it holds. Either proposes the next few tokens for
 free; the scheduler feeds them to the model in one forward pass and keeps the longest prefix the
-model agrees with, so the reply is the one plain decoding writes. The rule is transformers'
+model agrees with, so a greedy reply is the one plain decoding writes and a sampled one keeps its
+distribution (`generation.pick`). The rule is transformers'
 prompt lookup (`PromptLookupCandidateGenerator`): the longest tail n-gram of the reply so far
 (prompt included), `MAX_NGRAM` tokens down to one, found at its first occurrence in a source,
 proposes up to k of the tokens that follow it there. Cached answers are searched before the
@@ -12,8 +13,8 @@ prompt, an n-gram's length before the source: a longer match predicts better whe
 Unlike transformers, a draft is not cut at an end-of-reply token: the scheduler picks tokens
 one by one along an accepted run and stops at the first that ends the reply.
 
-Not done here: choosing which cached answers to draft from (the caller's, from the turn's
-scope), and how many tokens to draft (the scheduler's).
+Not done here: choosing which cached answers to draft from (the turn's, from its scope), and
+how many tokens to draft (`draft_length`).
 """
 
 from __future__ import annotations

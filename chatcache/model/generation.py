@@ -78,21 +78,33 @@ def next_token(
     rng: torch.Generator | None,
     recent: deque[int],
     matcher: FormatMatcher | None,
+    draft: int | None = None,
 ) -> GeneratedToken:
     """Pick the next token (within the reply format, if there is one) and note it in `recent`
-    and the matcher; its entropy is that of the distribution it was picked from."""
+    and the matcher; its entropy is that of the distribution it was picked from. `draft` is the
+    token a draft proposes here, if any (`pick`)."""
     if matcher is not None:
         logits = masked(logits, matcher.allowed())
-    token = pick(logits, params, rng, recent)
+    token = pick(logits, params, rng, recent, draft)
     if matcher is not None:
         matcher.accept(token)
     recent.append(token)
     return GeneratedToken(token, entropy_bits(logits))
 
 
-def pick(logits: torch.Tensor, params: GenerationConfig, rng: torch.Generator | None, recent: Sequence[int] = ()) -> int:
+def pick(
+    logits: torch.Tensor, params: GenerationConfig, rng: torch.Generator | None, recent: Sequence[int] = (), draft: int | None = None
+) -> int:
     """Greedy at temperature 0; otherwise nucleus sampling at the given temperature; after
-    the repetition penalty on the `recent` reply tokens, if the settings have one."""
+    the repetition penalty on the `recent` reply tokens, if the settings have one.
+
+    Where a draft proposed `draft`, a sampled pick follows the speculative-sampling rule
+    (Leviathan et al., 2023) for a draft that is certain (its q all on `draft`): keep `draft`
+    with the probability p(draft) the sampler gives it, else draw from p without it,
+    renormalised ((p - q)+). Either way a token t comes out with probability p(t): the draft
+    changes how many tokens a step makes, never what is sampled. A greedy pick ignores the
+    draft (the caller compares), so greedy replies are plain decoding's.
+    """
     if params.repetition_penalty != 1.0 and recent:
         ids = torch.tensor(sorted(set(recent)), dtype=torch.long)
         seen = logits[ids]
@@ -100,13 +112,26 @@ def pick(logits: torch.Tensor, params: GenerationConfig, rng: torch.Generator | 
         logits[ids] = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
     if params.temperature == 0:
         return int(torch.argmax(logits))
+    weights = _sampling_weights(logits, params)
+    if draft is not None:
+        # u * sum(w) < w[draft] is u < p(draft), without dividing.
+        if float(torch.rand((), generator=rng)) * float(weights.sum()) < float(weights[draft]):
+            return draft
+        weights = weights.clone()
+        weights[draft] = 0.0
+    return int(torch.multinomial(weights, 1, generator=rng))
+
+
+def _sampling_weights(logits: torch.Tensor, params: GenerationConfig) -> torch.Tensor:
+    """What sampling draws from, up to a constant factor: the softmax at the temperature, with
+    the tokens outside the top-p nucleus at zero."""
     probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
         sorted_probs[outside] = 0.0
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=rng))
+    return probs
 
 
 def generate_tokens(

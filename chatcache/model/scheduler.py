@@ -11,13 +11,15 @@ already running for longer than one chunk. (Packing the arrivals' chunks into on
 tokens: the same throughput, 37.2 and 40.0 tokens/s against 36.2 and 41.0; a better TTFT p99,
 2.2 and 2.4 s against 3.0 and 2.9 s; but a worse p50, 884 and 999 ms against 730 and 676 ms.)
 
-A greedy request may carry drafts (`drafts.DraftSource`: n-grams of its prompt, cached answers).
-A step then feeds such a row its last token and up to `draft_tokens` drafted ones at once, picks
-a token from the logits after each in turn, and stops at the first pick that differs from the
-draft: every pick is the one plain decoding makes after the same tokens, so the reply is too,
-only several tokens may come of one step. The row keeps the KV of the tokens it accepted
-(`BatchKV.end_step`); rows without drafts are fed padding that nothing keeps. Sampled rows, rows
-in a reply format and rows with a repetition penalty do not draft: they decode as before.
+A request may carry drafts (`drafts.DraftSource`: n-grams of its prompt, cached answers). A
+step then feeds such a row its last token and up to `draft_tokens` drafted ones at once, picks a
+token from the logits after each in turn, and stops at the first pick that differs from the
+draft: every pick is made from what plain decoding picks from after the same tokens, so several
+tokens may come of one step and the reply is plain decoding's (greedy) or has its distribution
+(sampled: `generation.pick` keeps a drafted token with the probability the sampler gives it).
+The row keeps the KV of the tokens it accepted (`BatchKV.end_step`); rows without drafts are
+fed padding that nothing keeps. Rows in a reply format and rows with a repetition penalty do not
+draft: they decode as before.
 
 A request's tokens reach its caller through a queue; the caller may stop reading at any time
 (`Request.cancel`) and gets the KV back covering everything the worker fed, which the token
@@ -45,6 +47,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .batch_kv import BatchKV
 from .compiled_decode import CompiledDecode
 from ..config import GenerationConfig
+from .draft_length import DraftLength
 from .drafts import DraftSource
 from ..worker_threads import close_at_exit
 from .generation import REPEAT_WINDOW, GeneratedToken, forward, next_token
@@ -55,8 +58,8 @@ PREFILL_CHUNK = 512  # prompt tokens one step prefills of one arriving request
 MAX_BATCH = 32  # requests decoded at once; more wait for a row
 # Drafting is off by default: on the bundled model, 4 greedy replies quoting a system prompt's
 # policy at N = 1 accepted 136 of 1,040 drafted tokens (13%) at 8 a step, and decoded at 1.4
-# tokens/s against 1.8 without (medians, interleaved, on a loaded 2-core machine). A draft
-# length that follows each row's acceptance is left to do before it is turned on.
+# tokens/s against 1.8 without (medians, interleaved, on a loaded 2-core machine). Each row's
+# draft length now follows its acceptance (`draft_length`); it has not been measured yet.
 DRAFT_TOKENS = 0  # drafted tokens a row is fed at most in one step, after its last token
 RATE_WEIGHT = 0.2  # weight of the newest step in the measured rates (an exponential moving average)
 log = logging.getLogger("chatcache")
@@ -71,7 +74,7 @@ class Request:
     params: GenerationConfig
     eos_ids: frozenset[int]
     matcher: FormatMatcher | None = None  # the reply format's, if the reply has one
-    drafts: DraftSource | None = None  # what a greedy reply is drafted from, if it drafts
+    drafts: DraftSource | None = None  # what the reply is drafted from, if it drafts
     tokens: queue.SimpleQueue[GeneratedToken | BaseException | None] = field(default_factory=queue.SimpleQueue)
     generated: int = 0
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=REPEAT_WINDOW))  # for the repetition penalty
@@ -81,6 +84,7 @@ class Request:
     done: threading.Event = field(default_factory=threading.Event)
     drafted: int = 0  # draft tokens fed to the model
     accepted: int = 0  # of those, the ones the model picked itself
+    draft_length: DraftLength = field(default_factory=DraftLength)  # how many it drafts next
 
     def __iter__(self) -> Iterator[GeneratedToken]:
         """The tokens as they are picked; the last one ends the reply (end of turn or length)."""
@@ -297,35 +301,42 @@ class Scheduler:
         return logits
 
     def _draft(self, request: Request) -> list[int]:
-        """The tokens the request is to be fed after its last one: none unless it drafts, and
-        never more than its reply has room for after the token the model adds."""
+        """The tokens the request is to be fed after its last one: none unless it drafts, as many
+        as its acceptance lately allows (`DraftLength`), and never more than its reply has room
+        for after the token the model adds."""
         if request.drafts is None:
             return []
         room = request.params.max_new_tokens - request.generated - 1
-        return request.drafts.propose(min(self.draft_tokens, room))
+        return request.drafts.propose(min(request.draft_length.next(self.draft_tokens), room))
 
     def _accept(self, request: Request, draft: list[int], logits: torch.Tensor) -> tuple[int, bool]:
         """Pick tokens along the row's fed tokens while each pick is the draft's next token.
 
         `logits[i]` follows the last token and the draft's first `i` tokens, so it is what plain
-        decoding picks from as long as every earlier pick equalled the draft. Returns how many
+        decoding picks from as long as every earlier pick equalled the draft; a sampled pick there
+        keeps the draft's token by the speculative-sampling rule (`generation.pick`). Returns how many
         fed tokens to keep (the last token and the accepted drafts: one per pick) and whether
         the reply ended.
         """
-        request.drafted += len(draft)
         index = 0
         while True:
-            ended = self._emit(request, logits[index])
-            agreed = index < len(draft) and request.next_id == draft[index]
-            request.accepted += agreed
+            proposed = draft[index] if index < len(draft) else None
+            ended = self._emit(request, logits[index], proposed)
+            agreed = proposed is not None and request.next_id == proposed
             if ended or not agreed:
-                return index + 1, ended
+                break
             index += 1
+        accepted = index + agreed
+        request.drafted += len(draft)
+        request.accepted += accepted
+        request.draft_length.record(len(draft), accepted)
+        return index + 1, ended
 
-    def _emit(self, request: Request, logits: torch.Tensor) -> bool:
-        """Pick and hand over the request's next token; True when that token ends the reply."""
+    def _emit(self, request: Request, logits: torch.Tensor, draft: int | None = None) -> bool:
+        """Pick and hand over the request's next token, where a draft proposed `draft` if it did;
+        True when that token ends the reply."""
         try:
-            generated = next_token(logits, request.params, request.rng, request.recent, request.matcher)
+            generated = next_token(logits, request.params, request.rng, request.recent, request.matcher, draft)
         except FormatError as error:  # this reply's fault alone: the others go on
             log.exception("reply format broken")
             request.tokens.put(error)
@@ -361,10 +372,9 @@ class Scheduler:
 
 
 def drafts_allowed(params: GenerationConfig, matcher: FormatMatcher | None) -> bool:
-    """Whether a reply may draft: greedy, with no reply format and no repetition penalty.
+    """Whether a reply may draft: greedy or sampled, with no reply format and no repetition penalty.
 
-    Sampling needs the speculative-sampling acceptance rule to keep its distribution, which is
-    not written yet; a format's matcher and the penalty would be followed pick by pick along a
-    draft as they are (`generation.next_token`), but are not yet tested with drafts.
+    A format's matcher and the penalty would be followed pick by pick along a draft as they are
+    (`generation.next_token`), but are not yet tested with drafts.
     """
-    return params.temperature == 0 and matcher is None and params.repetition_penalty == 1.0
+    return matcher is None and params.repetition_penalty == 1.0

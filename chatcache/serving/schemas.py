@@ -307,6 +307,8 @@ def served(reply: Reply, session_id: str | None, predicted_ttft_s: float | None,
         "prefilled_tokens": stats.prefilled_tokens,
         "generated_tokens": stats.generated_tokens,
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_tokens": stats.accepted_tokens,
         "dropped_turns": stats.dropped_turns,
         **({"answer_cache_bound": answer_cache_bound(bound)} if bound is not None else {}),
     }

@@ -1,10 +1,12 @@
-"""The cache panel's answer-cache bound: what the cache promises and what its audits measured."""
+"""The cache panel: the answer-cache bound (what the cache promises and what its audits
+measured), and a drafted turn's drafted tokens."""
 
 from __future__ import annotations
 
 import pytest
 
-from chatcache.apps.tui.widgets.cache_panel import describe_bound
+from chatcache.apps.tui.turns import TurnRecord
+from chatcache.apps.tui.widgets.cache_panel import describe_bound, describe_turn
 from chatcache.answer_cache import BoundStatus
 from chatcache.answer_cache.bound import interval
 
@@ -35,6 +37,15 @@ def test_the_bound_reads_as_a_promise_and_the_audits_as_a_measurement() -> None:
 def test_every_bound_line_fits_the_panels_26_columns(errors: int, audits: int) -> None:
     for line in describe_bound(_status(errors, audits, by_meaning=12, max_error_rate=0.005)):
         assert len(line) <= 26, line
+
+
+def test_a_drafted_turn_shows_how_many_drafted_tokens_the_model_kept() -> None:
+    drafted = TurnRecord(tier="session", ttft_s=0.2, reused_tokens=900, prefilled_tokens=12, drafted_tokens=1040, accepted_tokens=136)
+    lines = describe_turn(drafted, 3).splitlines()
+    assert "drafted   136/1040 kept" in lines
+    assert all(len(line) <= 26 for line in lines)
+    undrafted = TurnRecord(tier="session", ttft_s=0.2, reused_tokens=900, prefilled_tokens=12, drafted_tokens=0, accepted_tokens=0)
+    assert "drafted" not in describe_turn(undrafted, 3)  # drafting off: the panel looks as it did
 
 
 async def test_the_panel_shows_the_bound_then_the_audit_of_a_served_answer(tiny_model, make_engine, make_app, settle, toy_embed) -> None:  # type: ignore[no-untyped-def]

@@ -45,9 +45,11 @@ def _plain(model, prompt: list[int], params: GenerationConfig, eos: frozenset[in
     return [t.token_id for t in generate_tokens(model, DynamicCache(config=model.config), prompt, params, set(eos))]
 
 
-def _run(scheduler: Scheduler, prompt: list[int], params: GenerationConfig, answers: list[list[int]], eos: frozenset[int] = frozenset()) -> tuple[list[int], Request]:
+def _run(scheduler: Scheduler, prompt: list[int], params: GenerationConfig, answers: list[list[int]] | None, eos: frozenset[int] = frozenset()) -> tuple[list[int], Request]:
+    """The reply drafted from `prompt` and `answers`; not drafted where `answers` is None."""
     cache = DynamicCache(config=scheduler.model.config)
-    request = scheduler.submit(cache, prompt, params, set(eos), drafts=DraftSource(prompt, answers))
+    drafts = DraftSource(prompt, answers) if answers is not None else None
+    request = scheduler.submit(cache, prompt, params, set(eos), drafts=drafts)
     return [t.token_id for t in request], request
 
 
@@ -101,8 +103,8 @@ def test_an_end_of_reply_token_inside_an_accepted_run_ends_the_reply_there(tiny_
 
 
 def test_requests_drafting_beside_plain_ones_in_real_threads_reply_as_alone(tiny_model, scheduler) -> None:  # type: ignore[no-untyped-def]
-    """Rows with drafts of every kind and rows without (sampled, or of other lengths) share decode
-    steps; each reply equals the one it gets alone."""
+    """Greedy rows with drafts of every kind and sampled rows without share decode steps (of
+    other lengths); each reply equals the one it gets alone."""
     model = tiny_model.model
     cases: list[tuple[list[int], GenerationConfig, str]] = []
     for index, text in enumerate(TEXTS * 2):
@@ -117,7 +119,7 @@ def test_requests_drafting_beside_plain_ones_in_real_threads_reply_as_alone(tiny
 
     def reply(index: int) -> None:
         prompt, params, draft = cases[index]
-        answers = {"right": [alone[index]], "partly right": [alone[index][:4] + [7, 8, 9] + alone[index][7:]], "wrong": [[7, 8, 9] * 5], "none": []}[draft]
+        answers = {"right": [alone[index]], "partly right": [alone[index][:4] + [7, 8, 9] + alone[index][7:]], "wrong": [[7, 8, 9] * 5], "none": None}[draft]
         try:
             start.wait()
             replies[index], requests[index] = _run(scheduler, prompt, params, answers)
@@ -135,7 +137,7 @@ def test_requests_drafting_beside_plain_ones_in_real_threads_reply_as_alone(tiny
     for (prompt, params, _), request, plain in zip(cases, requests, alone):
         assert request is not None
         if params.temperature > 0:
-            assert request.drafted == 0  # a sampled reply does not draft
+            assert request.drafted == 0  # a reply without drafts feeds none
         _assert_kv_is_recomputed(model, request, prompt + plain[:-1])
     assert sum(r.accepted for r in requests if r is not None) > 0
 
@@ -162,7 +164,8 @@ def test_a_reply_cancelled_mid_draft_hands_back_the_kv_of_what_it_fed(tiny_model
 
 def test_a_turn_reports_its_drafted_and_accepted_tokens_and_replies_as_without_drafts(tiny_model, make_engine) -> None:  # type: ignore[no-untyped-def]
     """Through the engine: greedy turns draft from their prompt (the stats say how much) and reply
-    as the same engine does with drafting off; a sampled turn drafts nothing."""
+    as the same engine does with drafting off; a seeded sampled turn, which may draft too,
+    replies the same each time it is asked."""
     from chatcache import ChatModel
 
     conversation = ["the cat sat on the mat and the cat sat on the hat", "the cat sat on the mat?", "and the hat?"]
@@ -176,6 +179,7 @@ def test_a_turn_reports_its_drafted_and_accepted_tokens_and_replies_as_without_d
         for turn in turns:
             assert 0 <= turn.stats.accepted_tokens <= turn.stats.drafted_tokens
         assert (sum(turn.stats.drafted_tokens for turn in turns) > 0) == (draft_tokens > 0)
-        assert engine.chat("t", conversation[0], max_new_tokens=8, temperature=0.8, seed=1).stats.drafted_tokens == 0
+        sampled = [engine.chat(session, conversation[0], max_new_tokens=8, temperature=0.8, seed=1) for session in ("t", "u")]
+        assert sampled[0].token_ids == sampled[1].token_ids
         model.close()
     assert replies[4] == replies[0]

@@ -38,12 +38,15 @@ def test_metrics_count_what_the_turns_did(serve) -> None:  # type: ignore[no-unt
     generated = sum(r["usage"]["completion_tokens"] for r in replies)
     prompt = sum(r["usage"]["prompt_tokens"] for r in replies)
     cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies)
+    drafted = sum(r["chatcache"]["drafted_tokens"] for r in replies)
+    accepted = sum(r["chatcache"]["accepted_tokens"] for r in replies)
 
     def grew(name: str) -> float:
         return after[name] - before.get(name, 0.0)
 
     assert grew("chatcache:generation_tokens_total") == generated
-    assert 0 <= grew("chatcache:spec_decode_num_accepted_tokens_total") <= grew("chatcache:spec_decode_num_draft_tokens_total")
+    assert grew("chatcache:spec_decode_num_draft_tokens_total") == drafted  # each reply says its own
+    assert 0 <= grew("chatcache:spec_decode_num_accepted_tokens_total") == accepted <= drafted
     assert grew("chatcache:prompt_tokens_total") == prompt == grew("chatcache:prefix_cache_queries_total")
     assert grew("chatcache:prefix_cache_hits_total") == cached > 0
     assert grew("chatcache:time_to_first_token_seconds_count") == 2

@@ -58,6 +58,8 @@ def describe_turn(turn: TurnRecord | None, number: int) -> str:
     def tokens(n: int | None) -> str:
         return "-" if n is None else f"{n} tok"
 
+    # Drafted tokens only where the turn drafted: drafting is off by default.
+    drafted = [f"drafted   {turn.accepted_tokens}/{turn.drafted_tokens} kept"] if turn.drafted_tokens else []
     return "\n".join(
         [
             f"turn      {number}",
@@ -65,6 +67,7 @@ def describe_turn(turn: TurnRecord | None, number: int) -> str:
             f"tier      {turn.tier}",
             f"reused    {tokens(turn.reused_tokens)}",
             f"prefilled {tokens(turn.prefilled_tokens)}",
+            *drafted,
             f"TTFT      {turn.ttft_s * 1000:.0f} ms",
             f"finish    {turn.finish_reason or '-'}",
         ]

@@ -76,6 +76,7 @@ function figuresText(served) {
   if (typeof served.ttft_s === "number") parts.push("first token " + Math.round(served.ttft_s * 1000) + " ms");
   if (served.reused_tokens !== undefined) parts.push(served.reused_tokens + " tokens reused, " + served.prefilled_tokens + " prefilled");
   if (served.generated_tokens) parts.push(served.generated_tokens + " generated");
+  if (served.drafted_tokens) parts.push(served.accepted_tokens + " of " + served.drafted_tokens + " drafted tokens kept");
   if (served.finish_reason === "length") parts.push("cut at the length limit");
   if (served.drift) parts.push("topic changed");
   if (served.intent) parts.push("intent " + served.intent);
