@@ -139,8 +139,8 @@ def make_engine(tmp_path: Path):  # type: ignore[no-untyped-def]
 def hashing_embed(texts: list[str]) -> np.ndarray:
     """A deterministic toy embedder: bag of words hashed into 512 buckets, unit-normalised."""
     rows = np.zeros((len(texts), 512))
-    for i, text in enumerate(texts):
-        for word in re.findall(r"[a-z']+", text.lower()):
+    for i, sentence in enumerate(texts):
+        for word in re.findall(r"[a-z']+", sentence.lower()):
             rows[i, int(hashlib.md5(word.encode()).hexdigest(), 16) % 512] += 1.0
         norm = np.linalg.norm(rows[i])
         if norm:
