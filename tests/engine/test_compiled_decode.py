@@ -2,14 +2,18 @@
 
 Each test compiles one batch bucket (its rows padded up to it), to keep inductor's compile
 short; the padding rows, the dynamic buffer length and the in-place KV writes are all exercised.
+The tests share one inductor cache on disk, as a server's restarts do.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from chatcache import load_chat_model
@@ -42,11 +46,23 @@ def _replies(directory: Path, compiled: bool, prompts: tuple[list[int], ...], ne
         scheduler.close()
 
 
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One inductor cache on disk for the tests of this file, none of the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield
+
+
 @pytest.fixture
-def one_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every batch of up to 4 rows padded to 4: one compile; graphs cached under this test's directory."""
+def one_bucket(inductor_cache: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of up to 4 rows padded to 4: one compile."""
     monkeypatch.setattr(compiled_decode, "BATCH_BUCKETS", (4,))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    return int(counters["stats"]["unique_graphs"])
 
 
 def test_compiled_greedy_replies_equal_eager_ones(tiny_model_dir: Path, one_bucket: None) -> None:
@@ -73,15 +89,51 @@ def test_padded_rows_leave_real_rows_alone(tiny_model_dir: Path, one_bucket: Non
         assert torch.equal(step(batch, [1])[0], alone[0])
 
 
+def test_warm_up_compiles_every_bucket_before_the_first_step(
+    tiny_model_dir: Path, inductor_cache: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduler's worker compiles the buckets of up to `max_batch` rows before its first
+    request, says how long it took, and the requests' steps (1, 2 and 3 rows) compile nothing;
+    each bucket compiles one graph, which both decoder layers run."""
+    monkeypatch.setattr(compiled_decode, "BATCH_BUCKETS", (1, 2, 4))
+    torch._dynamo.reset()  # no graph left from another test: the warm-up must compile its own
+    after_warm_up: list[int] = []
+    warm_up = compiled_decode.CompiledDecode.warm_up
+
+    def counted(step: compiled_decode.CompiledDecode, rows: int) -> float:
+        seconds = warm_up(step, rows)
+        after_warm_up.append(_graphs())
+        return seconds
+
+    monkeypatch.setattr(compiled_decode.CompiledDecode, "warm_up", counted)
+    before = _graphs()
+    with caplog.at_level(logging.INFO, logger="chatcache"):
+        model = _model(tiny_model_dir)
+        scheduler = Scheduler(model, max_batch=3, compiled=True)
+        try:
+            params = GenerationConfig(max_new_tokens=6)
+            requests = [scheduler.submit(DynamicCache(config=model.config), prompt, params, eos_ids=set()) for prompt in PROMPTS]
+            assert all(len(list(request)) == 6 for request in requests)
+        finally:
+            scheduler.close()
+    assert 1 <= after_warm_up[0] - before <= 3 and _graphs() == after_warm_up[0]
+    assert scheduler.peak_running == 3
+    assert any("compiled decode step ready for up to 3 rows in" in record.getMessage() for record in caplog.records)
+
+
 @pytest.mark.bundled
 def test_compiled_greedy_replies_equal_eager_ones_on_the_bundled_model(one_bucket: None) -> None:
+    """On the 30 decoder layers of the bundled model: one graph compiled, for every layer and
+    every step of 24 tokens of two requests, and the replies eager decoding gives."""
     from chatcache.model.loading import bundled_chat_dir
 
     directory = bundled_chat_dir()
     prompts = (PROMPTS[1], PROMPTS[2])
     eager = _replies(directory, False, prompts, 24)
+    before = _graphs()
     compiled = _replies(directory, True, prompts, 24)
     assert compiled == eager
+    assert _graphs() - before <= 1  # none when an earlier test in this process compiled the same layer shapes
 
 
 def test_packed_product_is_the_linear_product(tiny_model_dir: Path) -> None:
