@@ -215,7 +215,7 @@ def load_chat_model(
     if precision == "int8" and not (torch.device(device).type == "cpu" and dtype == torch.float32):
         raise ConfigError(f"precision 'int8' is for float32 weights on the CPU, not {dtype} on {device}")
     if precision == "int8" and compiled_decode:
-        raise ConfigError("compiled_decode is for the exact precision: int8's float64 attention is not compiled")
+        raise ConfigError("compiled_decode (--compiled-decode) is for the exact precision, not int8: its float64 attention is not compiled")
     key = (name, device, str(dtype), precision, compiled_decode)
     with _load_lock:
         if key not in _chat_models:
