@@ -23,9 +23,9 @@ PRECISION_HELP = (
     " exact, replies a little different from exact ones)"
 )
 COMPILED_DECODE_HELP = (
-    "a local model's decode step compiled by inductor (CPU, exact precision only: about 1.4x the tokens/s at 8"
-    " conversations, the same greedy replies; a second copy of the weights, and a compile before the first turn,"
-    " under a minute the first time, seconds once cached in the data dir)"
+    "compile a local model's decode step with inductor (exact precision only; on the CPU a step of 8 conversations"
+    " about 1.4x as fast, the same greedy replies), for a second copy of the weights and two compiles before the"
+    " first reply: about a minute each the first time, about 10 s each once cached in the data dir"
 )
 MAX_ERROR_RATE_HELP = (
     "the share of answers the answer cache serves by meaning that may be wrong, in (0, 0.5), e.g. 0.01;"

@@ -23,18 +23,27 @@ The weight products are most of the step (three quarters at 8 rows): fusing the 
 1.07x to 1.17x at 8 rows. The compiled step therefore also reads the weights oneDNN packed for
 few rows (`few_rows.use_packed_weights`, a second copy of them), which gains as much again.
 
-Only the one-token step is compiled: a step feeding drafts stays eager.
+Only the one-token step is compiled: a step feeding drafts stays eager. The scheduler's worker
+compiles every bucket it can use before its first request (`warm_up`): two graphs, since dynamo
+compiles the batch size as a dynamic dimension once it has seen a second one (one row, then one
+graph for 2 to 32 rows).
+
+The whole model is one graph, not one decoder layer compiled once and run for all of them
+(regional compilation, `nn.Module.compile` on each layer, with the packed product keyed by its
+weight so that every layer passed the same guards). That compiled in 9 to 20 s a bucket against
+96 to 340 s, but its steps were slower: 504 against 437 ms at 8 rows and 462 against 333 ms at
+one row (the bundled model over 300 positions, interleaved medians in one process on 2 cores
+under a load average of 8-9), mostly dynamo's guards on each of the 30 layer calls a step (all
+but the module guards dropped: 457 and 370 ms, still slower, and unsafe across models).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
-from torch import nn
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -52,13 +61,21 @@ def batch_bucket(rows: int) -> int:
     return next((size for size in BATCH_BUCKETS if size >= rows), rows)
 
 
-class _LayerKV:
-    """One decoder layer's buffer rows in a step: `update` writes each row's new key and value at its
-    column and returns the columns attended to. It ignores the layer number the attention names,
-    which would make every layer's graph a different one."""
+class _BucketLayer(CacheLayerMixin):
+    """One layer's buffer rows for a bucket; `update` writes each row's new key and value at its column."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor, width: torch.Tensor) -> None:
-        self.keys, self.values, self.columns, self.width = keys, values, columns, width
+    is_sliding = False
+    is_compileable = True
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves CacheLayerMixin.__init__ unannotated
+        self.keys = self.values = self.columns = self.width = torch.empty(0)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise AssertionError("a bucket layer is handed its buffers before every step")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         # An indexed write, which inductor does in place: a scatter was copied whole into a new buffer under dynamic shapes.
@@ -67,30 +84,11 @@ class _LayerKV:
         self.values[rows, :, self.columns] = value_states[:, :, 0]
         return self.keys[:, :, : self.width.shape[0]], self.values[:, :, : self.width.shape[0]]
 
-
-class _BucketLayer(CacheLayerMixin):
-    """What the model's own (eager) forward asks of a layer's cache around the compiled layers: the
-    columns attended to. The buffers are written by the compiled layers, through `_LayerKV`."""
-
-    is_sliding = False
-    is_compileable = True
-
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves CacheLayerMixin.__init__ unannotated
-        self.kv = _LayerKV(torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0))
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        raise AssertionError("a bucket layer is handed its buffers before every step")
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        raise AssertionError("a compiled layer writes its KV through the _LayerKV it is handed")
-
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.kv.width.shape[0], 0
+        return self.width.shape[0], 0
 
     def get_seq_length(self) -> int:
-        return self.kv.width.shape[0]
+        return self.width.shape[0]
 
     def get_max_length(self) -> int:
         return -1
@@ -102,44 +100,27 @@ class _BucketCache(Cache):
         super().__init__(layers=[*self.bucket_layers])
 
 
-def _decoder_layer(layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: _LayerKV) -> torch.Tensor:
-    """One decoder layer's step, the function compiled once for all layers: each layer's weights
-    and buffers are inputs of the one graph, not constants of a graph of its own."""
-    hidden = layer.forward(hidden, attention_mask=mask, position_embeddings=(cos, sin), cache=kv, use_cache=True)
-    return hidden
-
-
 class CompiledDecode:
-    """The one-token decode step of `model` on a `BatchKV`, its decoder layers compiled per batch bucket.
-
-    The decoder layers (the model's `_no_split_modules`, transformers' name for its repeated
-    blocks) share one compiled function, so a bucket compiles one layer, not the whole model:
-    inductor's compile of the bundled model's 30 layers took 43 to 64 s a bucket, one layer's
-    about 1/30 of that. What is around them (embedding, rotary tables, mask, final norm, output
-    layer) is the model's own forward, run eagerly: a few dozen small operators a step.
+    """The one-token decode step of `model` on a `BatchKV`, compiled per batch bucket.
 
     Args:
         model: the causal LM, on `grouped_attention` (the same products as `sdpa`, which it is
             given if it has that); its `FewRowsLinear` layers read packed weights.
 
     Raises:
-        ValueError: the model's attention is neither, or it names no repeated decoder layer.
+        ValueError: the model's attention is neither.
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
         if model.config._attn_implementation != GROUPED_ATTENTION and not use_grouped_attention(model):
             raise ValueError(f"a compiled decode step needs sdpa attention, not {model.config._attn_implementation!r}")
-        block_names = set(model._no_split_modules or ())
-        self.layers = [module for module in model.modules() if type(module).__name__ in block_names]
-        if len(self.layers) != model.config.get_text_config().num_hidden_layers:
-            raise ValueError(f"a compiled decode step needs the model's decoder layers, not {sorted(block_names)}")
         # torch sets the variable to its own default (a /tmp folder) when it is imported: only a choice of the user's stays.
         if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_data_dir() / "inductor")
         use_packed_weights(model)
         self.model = model
         self._caches: dict[int, _BucketCache] = {}
-        self._layer_step: Callable[..., torch.Tensor] = torch.compile(_decoder_layer)
+        self._step: Callable[..., torch.Tensor] = torch.compile(self._logits)
 
     def warm_up(self, rows: int) -> float:
         """Compile, or load from inductor's cache on disk, the step of every batch bucket that a
@@ -168,36 +149,15 @@ class CompiledDecode:
         columns = torch.tensor(batch.lengths + [0] * padding, device=device)
         ids = torch.tensor(next_ids + [0] * padding, device=device).unsqueeze(1)
         width = torch.arange(max(batch.lengths) + 1, device=device)  # the columns attended to, as a shape
-        mask = (width <= columns[:, None])[:, None, None, :]
-        torch._dynamo.mark_dynamic(width, 0)  # one graph for every length
-        torch._dynamo.mark_dynamic(mask, 3)
+        torch._dynamo.mark_dynamic(width, 0)
         for layer, (keys, values) in zip(cache.bucket_layers, batch.layer_buffers(bucket, len(width))):
-            torch._dynamo.mark_dynamic(keys, 2)
+            torch._dynamo.mark_dynamic(keys, 2)  # one graph for every buffer length
             torch._dynamo.mark_dynamic(values, 2)
-            layer.kv = _LayerKV(keys, values, columns, width)
-        with self._compiled_layers(cache):
-            logits: torch.Tensor = self.model(input_ids=ids, attention_mask=mask, position_ids=columns[:, None], cache=cache, use_cache=True).logits
-        return logits[:rows]
+            layer.keys, layer.values, layer.columns, layer.width = keys, values, columns, width
+        return self._step(ids, columns, width, cache)[:rows]
 
-    @contextmanager
-    def _compiled_layers(self, cache: _BucketCache) -> Iterator[None]:
-        """Have the model's forward call each decoder layer through the compiled function, for
-        this step only: the prefill and a step fed drafts run the same layers eagerly.
-
-        `_compiled_call_impl` is where `nn.Module.compile` puts a module's compiled call, and
-        what `nn.Module.__call__` runs instead of the module's forward when it is set.
-        """
-
-        def compiled(layer: nn.Module, kv: _LayerKV) -> Callable[..., torch.Tensor]:
-            def call(hidden: torch.Tensor, attention_mask: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], **_: object) -> torch.Tensor:
-                return self._layer_step(layer, hidden, attention_mask, *position_embeddings, kv)
-
-            return call
-
-        for layer, bucket_layer in zip(self.layers, cache.bucket_layers):
-            layer._compiled_call_impl = compiled(layer, bucket_layer.kv)
-        try:
-            yield
-        finally:
-            for layer in self.layers:
-                layer._compiled_call_impl = None
+    def _logits(self, ids: torch.Tensor, columns: torch.Tensor, width: torch.Tensor, cache: _BucketCache) -> torch.Tensor:
+        mask = (width <= columns[:, None])[:, None, None, :]
+        positions = columns[:, None]
+        logits: torch.Tensor = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).logits
+        return logits

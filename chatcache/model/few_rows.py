@@ -25,10 +25,7 @@ bundled model took 88.6 ms eager on packed weights against 116.9 ms, and compile
 (`bench/compiled_decode.py`, interleaved medians, 2 shared cores); one row gains nothing.
 The cost is a second copy of the weights (538 MB for the bundled model), which is why it comes
 only with the compiled step, an opt-in. The packed copy is a oneDNN tensor inductor cannot take
-as a graph input, so the product is an opaque custom op handed the plain weight, by which it
-finds the packed one. Not a layer's number: the compiled step compiles one decoder layer for all
-of them (`compiled_decode`), and a number differing from layer to layer would be a constant in
-the graph, compiled again for each layer.
+as a graph input, so the product is an opaque custom op that finds the layer by its number.
 """
 
 from __future__ import annotations
@@ -41,33 +38,35 @@ from torch import nn
 
 FEW_ROWS = 64  # rows at most that take the weight-first product (from two: one row is as fast either way)
 PACKED_FOR_ROWS = 8  # the row count oneDNN lays a packed weight out for (any count multiplies correctly)
-# The custom op's way from a weight to its layer's packed copy, by the weight's address (a
-# packed layer holds its weight, so no other tensor can take that address while it lives).
-_packed_layers: weakref.WeakValueDictionary[int, FewRowsLinear] = weakref.WeakValueDictionary()
+_packed_layers: list[weakref.ref[FewRowsLinear]] = []  # the custom op's way to a layer's packed weight
 
 
 @torch.library.custom_op("chatcache::packed_product", mutates_args=())
-def _packed_product(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    linear = _packed_layers.get(weight.data_ptr())
-    assert linear is not None and linear.packed is not None, "a weight's packed copy is gone"
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, linear.packed, bias, "none", [], "")
+def _packed_product(rows: torch.Tensor, layer: int) -> torch.Tensor:
+    linear = _packed_layers[layer]()
+    assert linear is not None and linear.packed is not None, "a packed layer outlived its number"
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, linear.packed, linear.bias, "none", [], "")
     return out
 
 
 @_packed_product.register_fake
-def _(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return rows.new_empty(rows.shape[0], weight.shape[0])
+def _(rows: torch.Tensor, layer: int) -> torch.Tensor:
+    linear = _packed_layers[layer]()
+    assert linear is not None
+    return rows.new_empty(rows.shape[0], linear.out_features)
 
 
 class FewRowsLinear(nn.Linear):
     """An `nn.Linear` whose product with 2 to `FEW_ROWS` rows is taken weight-first, or from its packed weight once `pack`ed."""
 
     packed: torch.Tensor | None = None
+    _packed_number = -1
 
     def pack(self) -> None:
         """Keep a oneDNN-packed copy of the weight, which products of few rows read from now on."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACKED_FOR_ROWS)
-        _packed_layers[self.weight.data_ptr()] = self
+        self._packed_number = len(_packed_layers)
+        _packed_layers.append(weakref.ref(self))
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> FewRowsLinear:
@@ -84,7 +83,7 @@ class FewRowsLinear(nn.Linear):
             return F.linear(input, self.weight, self.bias)
         flat = input.reshape(rows, input.shape[-1])
         if self.packed is not None:
-            product: torch.Tensor = _packed_product(flat, self.weight, self.bias)
+            product: torch.Tensor = _packed_product(flat, self._packed_number)
             return product.reshape(*input.shape[:-1], self.out_features)
         # .contiguous(): a transposed result fed to the next layer takes MKL's slow path.
         out = torch.mm(self.weight, flat.t()).t().contiguous()
