@@ -23,17 +23,29 @@ The weight products are most of the step (three quarters at 8 rows): fusing the 
 1.07x to 1.17x at 8 rows. The compiled step therefore also reads the weights oneDNN packed for
 few rows (`few_rows.use_packed_weights`, a second copy of them), which gains as much again.
 
-Only the one-token step is compiled: a step feeding drafts stays eager.
+Only the one-token step is compiled: a step feeding drafts stays eager. The scheduler's worker
+compiles every bucket it can use before its first request (`warm_up`): two graphs, since dynamo
+compiles the batch size as a dynamic dimension once it has seen a second one (one row, then one
+graph for 2 to 32 rows).
+
+The whole model is one graph, not one decoder layer compiled once and run for all of them
+(regional compilation, `nn.Module.compile` on each layer, with the packed product keyed by its
+weight so that every layer passed the same guards). That compiled in 9 to 20 s a bucket against
+96 to 340 s, but its steps were slower: 504 against 437 ms at 8 rows and 462 against 333 ms at
+one row (the bundled model over 300 positions, interleaved medians in one process on 2 cores
+under a load average of 8-9), mostly dynamo's guards on each of the 30 layer calls a step (all
+but the module guards dropped: 457 and 370 ms, still slower, and unsafe across models).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import torch
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..config import default_data_dir
@@ -109,6 +121,23 @@ class CompiledDecode:
         self.model = model
         self._caches: dict[int, _BucketCache] = {}
         self._step: Callable[..., torch.Tensor] = torch.compile(self._logits)
+
+    def warm_up(self, rows: int) -> float:
+        """Compile, or load from inductor's cache on disk, the step of every batch bucket that a
+        batch of up to `rows` rows uses, so that no request's step pays it; returns the seconds taken.
+
+        Each bucket's step runs once on rows of two positions of KV made for it (a length of one
+        would be compiled as a constant, not as the dynamic length every later step has).
+        """
+        started = time.perf_counter()
+        prompt = DynamicCache(config=self.model.config)
+        self.model(input_ids=torch.tensor([[0, 0]], device=self.model.device), cache=prompt, use_cache=True)
+        for bucket in sorted({batch_bucket(count) for count in range(1, rows + 1)}):
+            batch = BatchKV(self.model.config)
+            for _ in range(bucket):
+                batch.join(prompt, room=1)
+            self(batch, [0] * bucket)
+        return time.perf_counter() - started
 
     def __call__(self, batch: BatchKV, next_ids: list[int]) -> torch.Tensor:
         """Write each row's token `next_ids[i]` at its length and return its logits, (rows, 1, vocab)."""

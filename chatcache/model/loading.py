@@ -60,7 +60,8 @@ class ChatModel:
     The model has one worker, its `scheduler`, started on first use: every engine and every
     LangChain chat model on this `ChatModel` hands it their turns, so their decodes share one
     batched forward pass instead of competing for the cores. With `compiled_decode` its decode
-    step is compiled by inductor (`compiled_decode`), on the first step of each batch size.
+    step is compiled by inductor (`compiled_decode`), for every batch size bucket, by the
+    worker as it starts, before its first reply.
     """
 
     name: str
@@ -197,8 +198,8 @@ def load_chat_model(
         compiled_decode: decode with the step compiled by inductor and, on the CPU in float32,
             weights packed for few rows (`compiled_decode`): a decode step of 8 rows 1.4x to 1.6x
             as fast, of one row 1.2x (bench/compiled_decode.py), for a second copy of the
-            weights and a compile (about a minute, then 10 s from inductor's cache on disk) on
-            the first step of each batch size.
+            weights and a compile before the first reply (two graphs, one row and every larger
+            batch: about a minute each, then 10 s from inductor's cache on disk).
 
     Returns:
         The model, its tokenizer and its weights identity.
@@ -215,7 +216,7 @@ def load_chat_model(
     if precision == "int8" and not (torch.device(device).type == "cpu" and dtype == torch.float32):
         raise ConfigError(f"precision 'int8' is for float32 weights on the CPU, not {dtype} on {device}")
     if precision == "int8" and compiled_decode:
-        raise ConfigError("compiled_decode is for the exact precision: int8's float64 attention is not compiled")
+        raise ConfigError("compiled_decode (--compiled-decode) is for the exact precision, not int8: its float64 attention is not compiled")
     key = (name, device, str(dtype), precision, compiled_decode)
     with _load_lock:
         if key not in _chat_models:

@@ -148,7 +148,8 @@ class Scheduler:
         draft_tokens: drafted tokens a row is fed at most per step (0: no drafting); may be
             changed between steps.
         compiled: run the one-token decode step compiled by inductor (`compiled_decode`): the
-            same products fused, compiled on first use of each batch size bucket.
+            same products fused, compiled (or loaded from inductor's cache on disk) for every
+            batch size bucket up to `max_batch` by the worker before it takes its first request.
     """
 
     def __init__(
@@ -227,6 +228,8 @@ class Scheduler:
     def _work(self, threads_taken: threading.Event) -> None:
         take_intra_op_threads()
         threads_taken.set()
+        if self._compiled is not None:
+            self._warm_up(self._compiled)
         while True:
             with self._wake:
                 while not (self._closed or self._inbox or self._prefilling or self._running):
@@ -243,6 +246,18 @@ class Scheduler:
                 log.exception("model step failed")
                 self._fail_all(error)
         self._fail_all(RuntimeError("the scheduler was closed"))
+
+    def _warm_up(self, compiled: CompiledDecode) -> None:
+        """Compile the decode step of every batch size bucket up to `max_batch` rows before the
+        first request: a request queued meanwhile waits as it would for its own step's compile,
+        and no step's time (which admission control predicts waits from) includes a compile."""
+        try:
+            with torch.no_grad():
+                seconds = compiled.warm_up(self.max_batch)
+        except Exception:  # noqa: BLE001 - a step compiles its bucket itself, or fails to its callers
+            log.exception("compiling the decode step failed")
+            return
+        log.info("compiled decode step ready for up to %d rows in %.1f s", self.max_batch, seconds)
 
     def _step(self) -> None:
         """Drop cancelled requests, prefill one chunk, decode one token for every running request."""

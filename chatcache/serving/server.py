@@ -102,7 +102,7 @@ def build_server(settings: ServeSettings, chat_model: ChatModel | None = None, e
     """Load the model (unless given), open the database, and make the shared parts every tenant's engine uses."""
     keys = settings.keys()
     owns_model = chat_model is None
-    model = chat_model or load_chat_model(settings.model, precision=settings.precision)
+    model = chat_model or load_chat_model(settings.model, precision=settings.precision, compiled_decode=settings.compiled_decode)
     store = SessionStore(settings.db) if settings.db else SessionStore.open(default_data_dir())
     spill = TokenTierConfig(spill_dir=settings.kv_dir or default_data_dir() / "kv", spill_key_file=settings.kv_key_file)
     token_tier = build_token_tier(model, spill)

@@ -24,6 +24,8 @@ class ServeSettings(BaseSettings):
         model: "bundled", a Hugging Face model id or a local path (not a remote server's address:
             admission control predicts each turn from the model's own step times).
         precision: the model's products: "exact" (default) or "int8" (`load_chat_model`).
+        compiled_decode: decode with the step compiled by inductor (`load_chat_model`'s
+            `compiled_decode`), compiled before the first request; exact precision only.
         db: SQLAlchemy URL of the session database (default: SQLite in the data directory).
         kv_dir: where cold sessions' KV is spilled (default: `kv` in the data directory);
             replicas on several machines share it on a network filesystem or an object-store mount.
@@ -55,6 +57,7 @@ class ServeSettings(BaseSettings):
     bot: str | None = None
     model: str = "bundled"
     precision: Literal["exact", "int8"] = "exact"
+    compiled_decode: bool = False
     db: str | None = None
     kv_dir: Path | None = None
     kv_key_file: Path | None = None
@@ -93,6 +96,13 @@ class ServeSettings(BaseSettings):
         if path is not None and not path.is_file():
             raise ValueError(f"{path} is not a readable file")
         return path
+
+    @model_validator(mode="after")
+    def _compiled_decode_exact(self) -> ServeSettings:
+        """int8 with a compiled step fails here, before the model loads (`load_chat_model` refuses it too)."""
+        if self.compiled_decode and self.precision == "int8":
+            raise ValueError("compiled_decode (--compiled-decode) is for the exact precision, not int8: its float64 attention is not compiled")
+        return self
 
     @model_validator(mode="after")
     def _spill_keys_usable(self) -> ServeSettings:

@@ -106,3 +106,30 @@ def test_max_error_rate_sets_the_engines_answer_cache_bound() -> None:
     assert cli._answer_cache(parse(["ask", "--max-error-rate", "0.01", "--session", "s", "x"])) == AnswerCacheConfig(max_error_rate=0.01)
     assert cli._answer_cache(parse(["ask", "--session", "s", "x"])) is True
     assert cli._answer_cache(parse(["chat", "--no-answer-cache"])) is False
+
+
+def test_compiled_decode_reaches_the_model_loader(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--compiled-decode` on chat and ask loads the model with its decode step compiled; without
+    it, eager. chat, ask and serve say what it does in their help."""
+    import chatcache
+
+    loaded: list[dict[str, object]] = []
+    monkeypatch.setattr(chatcache, "load_chat_model", lambda name, **options: loaded.append(options))
+    parse = cli._parser().parse_args
+    cli._engine_factory(parse(["ask", "--compiled-decode", "--session", "s", "x"]))
+    cli._engine_factory(parse(["chat", "--compiled-decode"]))
+    cli._engine_factory(parse(["chat"]))
+    assert [options["compiled_decode"] for options in loaded] == [True, True, False]
+    for command in ("chat", "ask", "serve"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert "--compiled-decode" in capsys.readouterr().out
+
+
+def test_compiled_decode_is_refused_with_int8_and_with_a_remote_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each fails with one line saying why, before a model loads or a server is reached."""
+    assert cli.main(["ask", "--precision", "int8", "--compiled-decode", "--session", "s", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "compiled_decode (--compiled-decode) is for the exact precision, not int8" in err and "Traceback" not in err
+    assert cli.main(["ask", "--model", "http://127.0.0.1:9/v1", "--compiled-decode", "--session", "s", "hello"]) == 2
+    assert "a model served elsewhere decodes on its server" in capsys.readouterr().err

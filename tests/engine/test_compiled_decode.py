@@ -2,14 +2,19 @@
 
 Each test compiles one batch bucket (its rows padded up to it), to keep inductor's compile
 short; the padding rows, the dynamic buffer length and the in-place KV writes are all exercised.
+The tests share one inductor cache on disk, as a server's restarts do.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from chatcache import load_chat_model
@@ -30,9 +35,9 @@ def _model(directory: Path) -> PreTrainedModel:
     return model
 
 
-def _replies(directory: Path, compiled: bool, prompts: tuple[list[int], ...], new_tokens: int) -> list[list[int]]:
-    """Greedy replies to `prompts`, all submitted at once to a scheduler of their own, on a model of their own."""
-    model = _model(directory)
+def _replies(model: PreTrainedModel, compiled: bool, prompts: tuple[list[int], ...], new_tokens: int) -> list[list[int]]:
+    """Greedy replies to `prompts`, all submitted at once to a scheduler of their own on `model`
+    (a compiled one packs its weights, which the eager step then reads too: eager goes first)."""
     scheduler = Scheduler(model, compiled=compiled)
     try:
         params = GenerationConfig(max_new_tokens=new_tokens)
@@ -42,19 +47,37 @@ def _replies(directory: Path, compiled: bool, prompts: tuple[list[int], ...], ne
         scheduler.close()
 
 
+@pytest.fixture(scope="module")
+def inductor_cache() -> Iterator[None]:
+    """Inductor's cache on disk, none of the user's: beside the bundled model converted for the
+    tests (`CHATCACHE_TEST_MODELS`), so that a later run loads what an earlier one compiled, as a
+    server's restart does (compiling the bundled model's step takes about a minute, loading it
+    about 10 s). Its entries are keyed by the graph, torch's version and inductor's settings, so
+    a change to any of them compiles again."""
+    shared = Path(os.environ.get("CHATCACHE_TEST_MODELS", Path.home() / ".cache" / "chatcache-test"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared / "inductor"))
+        yield
+
+
 @pytest.fixture
-def one_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every batch of up to 4 rows padded to 4: one compile; graphs cached under this test's directory."""
+def one_bucket(inductor_cache: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of up to 4 rows padded to 4: one compile."""
     monkeypatch.setattr(compiled_decode, "BATCH_BUCKETS", (4,))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    return int(counters["stats"]["unique_graphs"])
 
 
 def test_compiled_greedy_replies_equal_eager_ones(tiny_model_dir: Path, one_bucket: None) -> None:
     """Three requests joining one by one (1, 2, 3 rows in a bucket of 4), 40 tokens each; the
     third grows the buffers from one block of positions to two (a new length, the same graph).
     The eager step multiplies weight-first, the compiled one by the packed weights."""
-    eager = _replies(tiny_model_dir, False, PROMPTS, 40)
-    compiled = _replies(tiny_model_dir, True, PROMPTS, 40)
+    model = _model(tiny_model_dir)
+    eager = _replies(model, False, PROMPTS, 40)
+    compiled = _replies(model, True, PROMPTS, 40)
     assert compiled == eager
 
 
@@ -73,14 +96,46 @@ def test_padded_rows_leave_real_rows_alone(tiny_model_dir: Path, one_bucket: Non
         assert torch.equal(step(batch, [1])[0], alone[0])
 
 
+def test_warm_up_compiles_every_bucket_before_the_first_step(
+    tiny_model_dir: Path, inductor_cache: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduler's worker compiles the buckets of up to `max_batch` rows before its first
+    request and says how long it took; the requests' steps (1, 2 and 3 rows) compile nothing."""
+    monkeypatch.setattr(compiled_decode, "BATCH_BUCKETS", (1, 2, 4))
+    torch._dynamo.reset()  # no graph left from another test: the warm-up must compile its own
+    after_warm_up: list[int] = []
+    warm_up = compiled_decode.CompiledDecode.warm_up
+
+    def counted(step: compiled_decode.CompiledDecode, rows: int) -> float:
+        seconds = warm_up(step, rows)
+        after_warm_up.append(_graphs())
+        return seconds
+
+    monkeypatch.setattr(compiled_decode.CompiledDecode, "warm_up", counted)
+    before = _graphs()
+    with caplog.at_level(logging.INFO, logger="chatcache"):
+        model = _model(tiny_model_dir)
+        scheduler = Scheduler(model, max_batch=3, compiled=True)
+        try:
+            params = GenerationConfig(max_new_tokens=6)
+            requests = [scheduler.submit(DynamicCache(config=model.config), prompt, params, eos_ids=set()) for prompt in PROMPTS]
+            assert all(len(list(request)) == 6 for request in requests)
+        finally:
+            scheduler.close()
+    assert after_warm_up[0] > before and _graphs() == after_warm_up[0]
+    assert scheduler.peak_running == 3
+    assert any("compiled decode step ready for up to 3 rows in" in record.getMessage() for record in caplog.records)
+
+
 @pytest.mark.bundled
 def test_compiled_greedy_replies_equal_eager_ones_on_the_bundled_model(one_bucket: None) -> None:
+    """On the bundled model, 24 tokens of two requests: the replies eager decoding gives."""
     from chatcache.model.loading import bundled_chat_dir
 
-    directory = bundled_chat_dir()
+    model = _model(bundled_chat_dir())
     prompts = (PROMPTS[1], PROMPTS[2])
-    eager = _replies(directory, False, prompts, 24)
-    compiled = _replies(directory, True, prompts, 24)
+    eager = _replies(model, False, prompts, 24)
+    compiled = _replies(model, True, prompts, 24)
     assert compiled == eager
 
 

@@ -88,6 +88,22 @@ def test_serve_refuses_a_bad_kv_key_in_the_environment_before_loading_anything(
     assert "without CHATCACHE_KV_KEY" in capsys.readouterr().err
 
 
+def test_compiled_decode_is_a_setting_refused_with_int8(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`compiled_decode` comes from the flag, the environment or the file, off by default; with
+    int8 the server refuses to start, naming the setting, before the model loads."""
+    config = tmp_path / "serve.yaml"
+    config.write_text("compiled_decode: true\n")
+    assert ServeSettings.load(config).compiled_decode and not ServeSettings.load().compiled_decode
+    assert ServeSettings.load(compiled_decode=True).compiled_decode
+    monkeypatch.setenv("CHATCACHE_COMPILED_DECODE", "1")
+    assert ServeSettings.load().compiled_decode
+    with pytest.raises(ValidationError, match="compiled_decode"):
+        ServeSettings.load(config, precision="int8")
+    monkeypatch.delenv("CHATCACHE_COMPILED_DECODE")
+    assert main(["serve", "--precision", "int8", "--compiled-decode"]) == 2
+    assert "is for the exact precision, not int8" in capsys.readouterr().err
+
+
 def test_serve_refuses_a_remote_model_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
     """A server's admission control predicts from the model's own steps: it needs the model here."""
     assert main(["serve", "--model", "http://127.0.0.1:8080/v1"]) == 2
