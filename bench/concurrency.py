@@ -14,7 +14,11 @@ vLLM's CPU build (fp32, prefix caching) on the converted safetensors, and llama.
 (llama-cpp-python, one conversation's turn at a time) on the bundled Q4_1 GGUF. A peer that is
 not installed is named in the JSON with the reason, and the rest runs.
 
-    python -m bench.concurrency [--data ../shared/data] [--quick] [--max-new-tokens 64] [--turns 8]
+`--compiled-decode` runs chatcache with its decode step compiled (`load_chat_model(...,
+compiled_decode=True)`; the buckets compile before the first turn), so that `vs_vllm_at_8`, beside
+the table, compares it with vLLM-CPU in the same run: tokens/s and TTFT p50 at 8 conversations.
+
+    python -m bench.concurrency [--data ../shared/data] [--quick] [--max-new-tokens 64] [--turns 8] [--compiled-decode]
 """
 
 from __future__ import annotations
@@ -185,6 +189,7 @@ def main() -> None:
     parser.add_argument("--counts", type=int, nargs="+", help="conversations at once (default 1 2 4 8 16, quick 1 4 8)")
     parser.add_argument("--system-tokens", type=int, default=1000, help="system prompt length in tokens (default 1000)")
     parser.add_argument("--no-peers", dest="peers", action="store_false", help="skip vLLM-CPU and llama.cpp (`make peers`)")
+    parser.add_argument("--compiled-decode", action="store_true", help="chatcache's decode step compiled by inductor (issue 42 section 3)")
     args = parser.parse_args()
     args.turns = args.turns or (2 if args.quick else 8)
     args.max_new_tokens = args.max_new_tokens or (32 if args.quick else 64)
@@ -194,7 +199,7 @@ def main() -> None:
     run = BenchRun("concurrency", args, minutes=(76, 8))  # with the peers (vLLM takes 2 to 4 minutes to start); the run of 2026-12-01 18:05
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
-    chat_model = load_chat_model("bundled", device="cpu")
+    chat_model = load_chat_model("bundled", device="cpu", compiled_decode=args.compiled_decode)
     system_prompt = schema_system_prompt(args.data, chat_model.tokenizer, target_tokens=args.system_tokens)
     dialogues = [turns[: args.turns] for _, turns in sgd_user_turns(args.data, max(counts), min_turns=args.turns)]
     with tempfile.TemporaryDirectory() as scratch:
@@ -202,6 +207,7 @@ def main() -> None:
         engine = ChatEngine(chat_model, system_prompt=system_prompt, token_tier=config, store=f"sqlite:///{scratch}/s.db")
         run.section("setup", {
             "model": "bundled (SmolLM2-135M-Instruct, float32, CPU)",
+            "compiled_decode": args.compiled_decode,
             "torch_threads": torch.get_num_threads(),
             "system_prompt_tokens": len(engine.system_ids),
             "kv_budget_bytes": config.memory_budget_bytes,
@@ -214,7 +220,7 @@ def main() -> None:
         try:
             for count in counts:  # interleaved: chatcache, the limit, then each peer, at every N
                 row, rounds = converse(engine, dialogues[:count], f"n{count}", args.max_new_tokens, threads=True)
-                rows.append({**row, "peak_batch": engine.chat_model.scheduler.peak_running})
+                rows.append({**row, "peak_batch": chat_model.scheduler.peak_running})
                 run.section("scheduler", rows)
                 limits.append({"conversations": count, **raw_forward_limit(chat_model.model, rounds)})
                 limits[-1]["scheduler_to_limit"] = round(row["tokens_per_s"] / limits[-1]["tokens_per_s"], 3)
@@ -234,6 +240,7 @@ def main() -> None:
         run.section("one_at_a_time", alone)
         engine.close()
     by_count = {r["conversations"]: r for r in rows}
+    vllm_at_8 = next((r for r in by_peer.get("vllm", []) if r["conversations"] == 8), None)
     plot_path = Path(args.out) / "concurrency.png"
     plot(rows, limits, by_peer, alone, plot_path, system_tokens=len(engine.system_ids))
     run.finish(
@@ -247,11 +254,18 @@ def main() -> None:
             f"scheduler_to_{name}_at_8": round(by_count[8]["tokens_per_s"] / next(r["tokens_per_s"] for r in results if r["conversations"] == 8), 3)
             for name, results in by_peer.items()
         },
+        vs_vllm_at_8=None if vllm_at_8 is None else {
+            "compiled_decode": args.compiled_decode,
+            "tokens_per_s": [by_count[8]["tokens_per_s"], vllm_at_8["tokens_per_s"]],
+            "tokens_per_s_ratio": round(by_count[8]["tokens_per_s"] / vllm_at_8["tokens_per_s"], 3),
+            "ttft_p50_ms": [by_count[8]["ttft_p50_ms"], vllm_at_8["ttft_p50_ms"]],
+        },
         targets={
             "speedup_at_8": ">= 3 (>= 4 under 600 tokens)",
             "ttft_p50_ratio_8_to_1": "<= 3",
             "scheduler_to_limit_at_8": ">= 0.85",
             "scheduler_to_vllm_at_8": ">= 0.7",
+            "vs_vllm_at_8": "tokens_per_s_ratio >= 1 with --compiled-decode, chatcache's TTFT p50 below vLLM's (issue 42)",
             "kv_peak_to_budget": "<= 1",
         },
     )
