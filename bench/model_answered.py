@@ -41,6 +41,7 @@ of 8): `draft_speedup_n1` and `draft_speedup_n8` (decode tokens/s drafted over p
 (drafted tokens the model accepted).
 
     python -m bench.model_answered [--data ../shared/data] [--quick] [--visits 48] [--at-once 8]
+        [--draft-tokens 8] [--draft-turns 16] [--draft-batches 2]
 """
 
 from __future__ import annotations
