@@ -452,7 +452,7 @@ def main() -> None:
     run.finish(
         plot=str(plot_path),
         targets={"all_tiers_vs_none": ">= 3.7", "all_tiers_vs_prefix_only": ">= 2", "served_equal_share": ">= 0.99",
-                 "draft_speedup_n1": ">= 2", "draft_speedup_n8": ">= 1.3", "draft_identical_share": "1.0"},  # fmt: skip
+                 "draft_speedup_n1": ">= 2", "draft_speedup_n8": ">= 1.3", "draft_identical_share": "1.0"},
         all_tiers_vs_none=ratio(rate["all_tiers"], rate["nothing_cached"]),
         all_tiers_vs_prefix_only=ratio(rate["all_tiers"], rate["prefix_only"]),
         served_equal_share=agreement["served"]["equal_share"],
