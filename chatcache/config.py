@@ -79,6 +79,18 @@ def check_spill_keys(key_file: Path | None) -> None:
         environment_keys()
 
 
+def check_compiled_decode(precision: str, compiled_decode: bool) -> None:
+    """A compiled decode step is for the exact precision: int8's float64 attention is not
+    compiled. Checked by `load_chat_model` and by the server's settings, so that a server
+    refuses the pair when it reads its settings.
+
+    Raises:
+        ConfigError: int8 with a compiled decode step.
+    """
+    if compiled_decode and precision == "int8":
+        raise ConfigError("compiled_decode (--compiled-decode) is for the exact precision, not int8: its float64 attention is not compiled")
+
+
 @dataclass
 class GenerationConfig:
     """Decoding settings of one turn. Greedy unless a temperature is given.

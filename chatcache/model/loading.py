@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import default_data_dir
+from ..config import check_compiled_decode, default_data_dir
 from ..errors import ConfigError, ModelNotFoundError
 from ..first_run import produce_once
 from .few_rows import use_few_rows_matmul
@@ -215,8 +215,7 @@ def load_chat_model(
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "int8" and not (torch.device(device).type == "cpu" and dtype == torch.float32):
         raise ConfigError(f"precision 'int8' is for float32 weights on the CPU, not {dtype} on {device}")
-    if precision == "int8" and compiled_decode:
-        raise ConfigError("compiled_decode (--compiled-decode) is for the exact precision, not int8: its float64 attention is not compiled")
+    check_compiled_decode(precision, compiled_decode)
     key = (name, device, str(dtype), precision, compiled_decode)
     with _load_lock:
         if key not in _chat_models:

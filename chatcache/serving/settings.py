@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from ..config import check_spill_keys
+from ..config import check_compiled_decode, check_spill_keys
 from .keys import ApiKeys
 
 
@@ -99,9 +99,8 @@ class ServeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _compiled_decode_exact(self) -> ServeSettings:
-        """int8 with a compiled step fails here, before the model loads (`load_chat_model` refuses it too)."""
-        if self.compiled_decode and self.precision == "int8":
-            raise ValueError("compiled_decode (--compiled-decode) is for the exact precision, not int8: its float64 attention is not compiled")
+        """int8 with a compiled step fails here, before the model loads (`check_compiled_decode`)."""
+        check_compiled_decode(self.precision, self.compiled_decode)
         return self
 
     @model_validator(mode="after")
