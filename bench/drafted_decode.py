@@ -98,13 +98,6 @@ def answer_at_once(engine: ChatEngine, turns: Sequence[Turn], label: str, max_ne
     return [a for a in answers if a is not None]
 
 
-def decode_rate(answers: Sequence[Answer]) -> float:
-    """Reply tokens after the first ones, per second from the first first token to the last end."""
-    tokens = sum(max(0, a.generated_tokens - 1) for a in answers)
-    span = max(a.ended_at for a in answers) - min(a.first_token_at for a in answers)
-    return tokens / span if span > 0 else 0.0
-
-
 def compare(
     engine: ChatEngine, chat_model: ChatModel, turns: Sequence[Turn], at_once: int, draft_tokens: int, max_new_tokens: int
 ) -> dict[str, Any]:
@@ -118,8 +111,8 @@ def compare(
             with drafting(chat_model, limit):
                 answers = answer_at_once(engine, group, f"draft-n{at_once}-{number}-k{limit}", max_new_tokens)
             (drafted if limit else plain).append(answers)
-    plain_rates = [decode_rate(g) for g in plain]
-    drafted_rates = [decode_rate(g) for g in drafted]
+    plain_rates = [decode_rate([g]) for g in plain]
+    drafted_rates = [decode_rate([g]) for g in drafted]
     speedups = [d / p for d, p in zip(drafted_rates, plain_rates) if p > 0]
     flat_plain = [a for g in plain for a in g]
     flat_drafted = [a for g in drafted for a in g]
@@ -133,7 +126,7 @@ def compare(
         "plain_decode_tokens_per_s": [round(r, 3) for r in plain_rates],
         "drafted_decode_tokens_per_s": [round(r, 3) for r in drafted_rates],
         # the total rate of each side: reply tokens over decode seconds, summed over the runs
-        "speedup": round(total_rate(drafted) / total_rate(plain), 3) if total_rate(plain) else None,
+        "speedup": round(decode_rate(drafted) / decode_rate(plain), 3) if decode_rate(plain) else None,
         "speedup_median_run": round(sorted(speedups)[len(speedups) // 2], 3) if speedups else None,
         "runs_slower_by_over_10pct": sum(s < 1 / 1.1 for s in speedups),
         "drafted_tokens": drafted_tokens,
@@ -155,8 +148,9 @@ def differing(groups: Sequence[Sequence[Turn]], plain: Sequence[Answer], drafted
     ]
 
 
-def total_rate(runs: Sequence[Sequence[Answer]]) -> float:
-    """Reply tokens after the first over decode seconds, summed over `runs` (each timed as `decode_rate`)."""
+def decode_rate(runs: Sequence[Sequence[Answer]]) -> float:
+    """Reply tokens after the first ones over decode seconds, summed over `runs`: a run's decode
+    seconds go from its first first token to its last reply's end."""
     tokens = sum(max(0, a.generated_tokens - 1) for run in runs for a in run)
     seconds = sum(max(a.ended_at for a in run) - min(a.first_token_at for a in run) for run in runs)
     return tokens / seconds if seconds > 0 else 0.0
