@@ -345,7 +345,7 @@ def _train(bot_name: str, force: bool) -> int:
     """`chatcache train BOT`: 0 with the model stored (or already there), 2 for a bot that cannot be used."""
     from chatcache.dialog import BotDefinitionError, load_bot
 
-    from .intents.trained import find_trained, training_examples
+    from .intents.trained import calibration_examples, find_trained, training_examples
     from .intents.training import train_intent_model
 
     try:
@@ -359,7 +359,7 @@ def _train(bot_name: str, force: bool) -> int:
         print(f"A model trained on these examples is stored: {stored} (--force trains it again).")
         return 0
     try:
-        directory = train_intent_model(training_examples(bot), bot.training)
+        directory = train_intent_model(training_examples(bot), bot.training, calibration=calibration_examples(bot))
     except ValueError as exc:
         print(f"chatcache train: {exc}", file=sys.stderr)
         return 2

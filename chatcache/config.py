@@ -7,13 +7,13 @@ import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chatcache.storage import default_data_dir
+from chatcache.storage import actions_data_dir, default_data_dir
 
 from .errors import ConfigError
 from .reply_format import ReplyFormat
 from .spill_keys import check_keys, environment_keys, load_spill_keys, read_key_file
 
-__all__ = ["GenerationConfig", "TokenTierConfig", "check_spill_keys", "default_data_dir"]
+__all__ = ["GenerationConfig", "TokenTierConfig", "actions_data_dir", "check_spill_keys", "default_data_dir"]
 
 
 @dataclass

@@ -86,9 +86,12 @@ def _with_files(bot: BotDefinition, root: yaml.Node | None, source: str, directo
             raise BotDefinitionError([_format(source, root, ("examples_file",), message)])
         per_intent = bot.examples_file.per_intent
         for name, texts in labelled.items():
-            own = intents[name].examples
-            taken = [text for text in texts if text not in own][:per_intent]
-            intents[name] = intents[name].model_copy(update={"examples": [*own, *taken]})
+            intent = intents[name]
+            fresh = [text for text in texts if text not in intent.examples and text not in intent.calibration_examples]
+            update_intent = {"examples": [*intent.examples, *fresh[:per_intent]]}
+            if bot.examples_file.calibrate_on_rest:
+                update_intent["calibration_examples"] = [*intent.calibration_examples, *fresh[per_intent:]]
+            intents[name] = intent.model_copy(update=update_intent)
     if bot.knowledge is not None:
         file = directory / bot.knowledge
         try:

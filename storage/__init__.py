@@ -31,11 +31,12 @@ from chatcache.storage.errors import (
 from chatcache.storage.records import ChatSession, Fact, FactKind, Message, Role, SessionStatus
 from chatcache.storage.answers import AnswerEntries, AnswerRecord
 from chatcache.storage.audits import AnswerAudits, AuditRecord
-from chatcache.storage.engine import default_data_dir
+from chatcache.storage.engine import ACTIONS_DIR_ENV, actions_data_dir, default_data_dir
 from chatcache.storage.leases import Lease, SessionHead
 from chatcache.storage.store import DEFAULT_TTL, CommittedTurn, NewFact, SessionStore
 
 __all__ = [
+    "ACTIONS_DIR_ENV",
     "AnswerAudits",
     "AnswerEntries",
     "AnswerRecord",
@@ -66,5 +67,6 @@ __all__ = [
     "StorageConfigError",
     "StorageError",
     "UnknownSessionError",
+    "actions_data_dir",
     "default_data_dir",
 ]

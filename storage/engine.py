@@ -22,6 +22,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from chatcache.storage.errors import StorageConfigError
 
 DATA_DIR_ENV = "CHATCACHE_DATA_DIR"
+ACTIONS_DIR_ENV = "CHATCACHE_ACTIONS_DIR"
 DB_FILENAME = "chatcache.db"
 
 
@@ -36,6 +37,14 @@ def default_data_dir() -> Path:
         return Path(configured).expanduser()
     xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(xdg) / "chatcache"
+
+
+def actions_data_dir() -> Path:
+    """Where a bot's actions keep what they own (the demo bank's database): `$CHATCACHE_ACTIONS_DIR`,
+    else the data directory. `chatcache test-bot` points it at a directory of its own, so that
+    a bot's stories start from a new world and leave the one its users chat in as it was."""
+    configured = os.environ.get(ACTIONS_DIR_ENV)
+    return Path(configured).expanduser() if configured else default_data_dir()
 
 
 def sqlite_url(data_dir: Path) -> URL:

@@ -1,8 +1,9 @@
 """Where the demo bank's database lives and how to connect to it.
 
-`$CHATCACHE_BANK_DB` names it (any SQLAlchemy URL); by default it is `bank_demo.sqlite` in
-chatcache's data directory, beside the session tier's database but apart from it, so a demo's
-money can be reset by deleting one file. SQLite is tuned for threads that write at once: WAL,
+`$CHATCACHE_BANK_DB` names it (any SQLAlchemy URL); by default it is `bank_demo.sqlite` in the
+directory where bots' actions keep their data (chatcache's data directory, beside the session
+tier's database but apart from it, so a demo's money can be reset by deleting one file; a
+directory of its own while `chatcache test-bot` runs the stories). SQLite is tuned for threads that write at once: WAL,
 a busy timeout, and write transactions that take the lock when they begin (see below).
 """
 
@@ -15,7 +16,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from chatcache.config import default_data_dir
+from chatcache.config import actions_data_dir
 
 DB_ENV = "CHATCACHE_BANK_DB"
 DB_FILENAME = "bank_demo.sqlite"
@@ -23,11 +24,11 @@ BUSY_TIMEOUT_MS = 30_000
 
 
 def database_url() -> str:
-    """`$CHATCACHE_BANK_DB`, else the demo file in chatcache's data directory, which is created for it."""
+    """`$CHATCACHE_BANK_DB`, else the demo file where bots' actions keep their data (created for it)."""
     configured = os.environ.get(DB_ENV)
     if configured:
         return configured
-    directory = default_data_dir()
+    directory = actions_data_dir()
     directory.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{directory / DB_FILENAME}"
 

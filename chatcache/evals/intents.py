@@ -48,7 +48,7 @@ from chatcache.dialog.classifier import PROMOTE_THRESHOLD
 from chatcache.dialog.definition import ClassifierSettings, TrainingSettings
 
 from ..errors import ModelNotFoundError
-from ..intents.trained import TrainedIntentClassifier, find_trained, training_examples
+from ..intents.trained import TrainedIntentClassifier, calibration_examples, find_trained, training_examples
 from ..intents.training import train_intent_model
 from .intent_data import (
     IntentDataError,
@@ -148,7 +148,7 @@ def labelled_bot(by_label: dict[str, list[str]], per_intent: int | None = None) 
 
 
 def bot_test_rows(bot: BotDefinition, rows: list[Row], source: Path) -> list[Row]:
-    """The rows of `source` a bot did not learn from; their labels must be its intents.
+    """The rows of `source` a bot did not learn from nor calibrate on; their labels must be its intents.
 
     Raises:
         IntentDataError: a label of the file is no intent of the bot.
@@ -156,7 +156,7 @@ def bot_test_rows(bot: BotDefinition, rows: list[Row], source: Path) -> list[Row
     unknown = sorted({label for _, label in rows} - {intent.name for intent in bot.intents} - {OUT_OF_SCOPE})
     if unknown:
         raise IntentDataError(f"{source}: labels that are no intent of the bot: {', '.join(unknown)}")
-    seen = {example for intent in bot.intents for example in intent.examples}
+    seen = {example for intent in bot.intents for example in (*intent.examples, *intent.calibration_examples)}
     return [(text, label) for text, label in rows if text not in seen]
 
 
@@ -260,7 +260,7 @@ def _trained_model(bot: BotDefinition) -> TrainedIntentClassifier:
     """The model `chatcache train` stores for this bot's examples and settings: found, or trained now."""
     stored = find_trained(bot)
     if stored is None:
-        stored = train_intent_model(training_examples(bot), bot.training)
+        stored = train_intent_model(training_examples(bot), bot.training, calibration=calibration_examples(bot))
     return TrainedIntentClassifier(stored, reading=bot.training)
 
 

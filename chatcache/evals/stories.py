@@ -5,21 +5,27 @@ Each story runs in a new session of one engine on the bot, with the answer cache
 must not pass because an earlier one left an answer behind) and drift detection on, as the bot
 runs for its users. Its turns are sent in order and every expectation given is checked against
 the reply and the session's stored dialogue state; a story stops at its first failing turn,
-since the turns after it depend on it. Actions run for real, as they would in the bot.
+since the turns after it depend on it. Actions run for real, as they would in the bot, on a
+world of the run's own (`$CHATCACHE_ACTIONS_DIR` in a scratch directory: the demo bank's
+database is new, whatever the user's own chats with the bot did to theirs).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from chatcache.dialog import ActionError, BotDefinitionError, load_stories
 from chatcache.dialog.loader import default_stories
 from chatcache.dialog.stories import ExpectedAction, Story, StoryTurn
+from chatcache.storage import ACTIONS_DIR_ENV
 
 from ..engine import ChatEngine
 from ..errors import ChatCacheError
@@ -88,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chatcache test-bot: {error}", file=sys.stderr)
         return 2
     results = []
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, _actions_kept_in(Path(scratch) / "actions"):
         try:
             engine = ChatEngine(args.model, bot=args.bot, store=f"sqlite:///{scratch}/stories.db", drift=True)
         except (BotDefinitionError, ActionError, ChatCacheError, FileNotFoundError) as error:
@@ -107,3 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"      {failure}")
         print(f"{passed} of {len(results)} stories passed")
     return 0 if passed == len(results) else 1
+
+
+@contextlib.contextmanager
+def _actions_kept_in(directory: Path) -> Iterator[None]:
+    """Bots' actions keep their data in `directory` while the block runs (`actions_data_dir`)."""
+    before = os.environ.get(ACTIONS_DIR_ENV)
+    os.environ[ACTIONS_DIR_ENV] = str(directory)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ACTIONS_DIR_ENV]
+        else:
+            os.environ[ACTIONS_DIR_ENV] = before

@@ -4,8 +4,9 @@ A trained model is a fine-tuned sentence encoder with a linear head over the bot
 (and `out_of_scope` when the bot gives examples of what it does not do), plus one temperature
 that turns the head's logits into probabilities that mean what they say, and a familiarity
 threshold under which a message is out of scope whatever its best intent (both fitted on
-examples held out from training). It lives in `<data dir>/intent_models/<key>/`, where the key hashes
-everything the model depends on: the examples, the base encoder and the training settings.
+examples held out from training, and on the bot's calibration examples). It lives in
+`<data dir>/intent_models/<key>/`, where the key hashes everything the model depends on: the
+examples, the calibration examples, the base encoder and the training settings.
 A bot whose examples change no longer matches its old model, so `chat`, `ask` and `serve`
 never use a model that was trained on other examples; they fall back to the nearest-example
 classifier and say how to train.
@@ -117,13 +118,21 @@ def training_examples(bot: BotDefinition) -> dict[str, list[str]]:
     return examples
 
 
-def model_key(examples: dict[str, list[str]], settings: TrainingSettings) -> str:
-    """A short hash of everything a trained model depends on: the examples, the settings that
-    train it (not those that only read with it, `READING_SETTINGS`), and the base encoder's
-    weights (a new version of the bundled package, or other files at the same path, is another
-    encoder)."""
+def calibration_examples(bot: BotDefinition) -> dict[str, list[str]]:
+    """The texts that only calibrate a bot's model, by label: the intents' `calibration_examples`
+    (intents without any are left out)."""
+    return {intent.name: list(intent.calibration_examples) for intent in bot.intents if intent.calibration_examples}
+
+
+def model_key(examples: dict[str, list[str]], settings: TrainingSettings, calibration: dict[str, list[str]] | None = None) -> str:
+    """A short hash of everything a trained model depends on: the examples, the calibration
+    examples (they move the temperature), the settings that train it (not those that only read
+    with it, `READING_SETTINGS`), and the base encoder's weights (a new version of the bundled
+    package, or other files at the same path, is another encoder)."""
     trained_by = settings.model_dump(exclude=READING_SETTINGS)
-    payload = {"format": FORMAT, "examples": examples, "settings": trained_by, "encoder": encoder_identity(settings.encoder)}
+    payload: dict[str, Any] = {"format": FORMAT, "examples": examples, "settings": trained_by, "encoder": encoder_identity(settings.encoder)}
+    if calibration:  # absent rather than empty, so that the models of bots without any keep their keys
+        payload["calibration"] = calibration
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
@@ -244,7 +253,7 @@ class TrainedIntentClassifier:
 
 def find_trained(bot: BotDefinition, data_dir: Path | None = None) -> Path | None:
     """The stored model trained on exactly this bot's examples with its training settings, if there is one."""
-    directory = model_dir(model_key(training_examples(bot), bot.training), data_dir)
+    directory = model_dir(model_key(training_examples(bot), bot.training, calibration_examples(bot)), data_dir)
     return directory if (directory / "model.json").is_file() else None
 
 

@@ -11,6 +11,7 @@ import pytest
 from chatcache.evals.stories import run_story
 from chatcache.dialog import load_bot, load_stories
 from chatcache.dialog.loader import BOTS_DIR
+from chatcache.dialog.training import read_labelled
 
 
 @pytest.fixture
@@ -24,6 +25,12 @@ def test_the_bank_bot_covers_banking77_and_answers_its_questions_from_the_knowle
     assert len(categories) == 77
     # Every BANKING77 label is an intent with the data's first 40 rows (35 where the label has only 35).
     assert all(35 <= len(bot.intent(label).examples) <= 40 for label in categories)
+    # The rest of each label's rows only calibrate: never among what it learns from.
+    rows = read_labelled(BOTS_DIR / "bank" / "examples.csv")
+    for label in categories:
+        learned, calibrating = bot.intent(label).examples, bot.intent(label).calibration_examples
+        assert not set(learned) & set(calibrating) and set(learned) | set(calibrating) == set(rows[label])
+    assert sum(len(bot.intent(label).calibration_examples) for label in categories) > 6_500
     questions = [intent for intent in bot.intents if intent.answer is not None]
     assert len(questions) >= 60 and all(intent.name not in bot.flows for intent in questions)
     assert all(intent.answer in bot.instructions for intent in questions if intent.answer is not None)

@@ -68,6 +68,17 @@ def test_examples_come_from_the_file_first_per_intent_after_the_intents_own(tmp_
     assert bot.intent("make_transfer").examples == ["I want to send money to someone", "send 200 to account 12345674"]
 
 
+def test_with_calibrate_on_rest_the_rows_after_the_first_per_intent_only_calibrate(tmp_path: Path) -> None:
+    file = write(tmp_path, bot=BOT.replace("  per_intent: 2\n", "  per_intent: 2\n  calibrate_on_rest: true\n"))
+    bot = load_bot(file)
+    assert bot.intent("card_arrival").examples == ["My card has not arrived yet, where is it?", "When will my new card arrive"]
+    assert bot.intent("card_arrival").calibration_examples == ["still waiting for my card to come"]
+    assert bot.intent("exchange_rate").calibration_examples == []  # its one row is learned from
+    assert load_bot(write(tmp_path)).intent("card_arrival").calibration_examples == []  # without it the rest is left out
+    with pytest.raises(BotDefinitionError, match=r"calibrate_on_rest needs per_intent"):
+        load_bot(write(tmp_path, bot=BOT.replace("  per_intent: 2\n", "  calibrate_on_rest: true\n")))
+
+
 def test_the_examples_path_reads_the_environment_with_a_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BANK_ROWS", raising=False)
     assert load_bot(write(tmp_path, path="${BANK_ROWS:-train.csv}")).intent("card_arrival").examples

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from chatcache.dialog import OUT_OF_SCOPE, BotDefinition, Intent
-from chatcache.intents.trained import FamiliarityRule, TrainedIntentClassifier, familiarity, find_trained, load_trained, model_key, training_examples
+from chatcache.intents.trained import FamiliarityRule, calibration_examples, TrainedIntentClassifier, familiarity, find_trained, load_trained, model_key, training_examples
 from chatcache.intents.training import balanced_weights, fit_temperature, split_for_calibration, train_intent_model
 
 WORDS = {
@@ -55,6 +56,22 @@ def test_a_changed_example_or_setting_misses_the_stored_model(trained) -> None: 
     assert find_trained(bot.model_copy(update={"intents": more}), data_dir) is None
     assert find_trained(bot.model_copy(update={"training": bot.training.model_copy(update={"epochs": 41})}), data_dir) is None
     assert find_trained(bot.model_copy(update={"training": bot.training.model_copy(update={"balance_intents": True})}), data_dir) is None
+
+
+def test_calibration_examples_calibrate_are_never_learned_and_key_the_model(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bot, data_dir, plain = trained
+    extra = {"lost_card": ["I misplaced my card", "where did my card go"], "balance": ["how much money is there"]}
+    calibrated = bot.model_copy(update={"intents": [intent.model_copy(update={"calibration_examples": extra.get(intent.name, [])}) for intent in bot.intents]})
+    assert calibration_examples(calibrated) == extra
+    assert find_trained(calibrated, data_dir) is None  # another temperature: another model
+    directory = train_intent_model(training_examples(calibrated), calibrated.training, tmp_path, progress=lambda line: None, calibration=extra)
+    assert find_trained(calibrated, tmp_path) == directory and directory.name != plain.name
+    held_out = json.loads((plain / "model.json").read_text())["measured"]["held_out"]
+    assert json.loads((directory / "model.json").read_text())["measured"]["held_out"] == held_out + 3
+    # Learned from the same examples with the same seed: the same weights; only the calibration moved.
+    assert (directory / "head.safetensors").read_bytes() == (plain / "head.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="calibration examples of labels the model does not learn: transfer"):
+        train_intent_model(training_examples(bot), bot.training, tmp_path, progress=lambda line: None, calibration={"transfer": ["send 5"]})
 
 
 def test_the_reading_settings_change_without_training_again(trained) -> None:  # type: ignore[no-untyped-def]
@@ -136,7 +153,6 @@ def test_a_directory_without_a_whole_model_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_model_stored_in_another_format_is_refused_with_what_to_do(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    import json
     import shutil
 
     older = tmp_path / "older"
@@ -222,7 +238,6 @@ def test_familiarity_signals_are_the_in_scope_log_sum_exp_and_its_log_odds_again
 
 
 def test_the_stored_scores_decide_out_of_scope_whatever_the_best_intent(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    import json
     import shutil
 
     directory = trained[2]
@@ -241,7 +256,7 @@ def test_the_stored_scores_decide_out_of_scope_whatever_the_best_intent(trained,
 
 def test_the_temperature_is_raised_until_readings_above_the_promotion_threshold_are_right_99_percent() -> None:
     from scipy.special import softmax
-    from chatcache.intents.training import PROMOTION_ACCURACY, promotion_safe
+    from chatcache.intents.training import PROMOTION_ACCURACY, accuracy_bound, promotion_safe
 
     rng = np.random.default_rng(1)
     targets = rng.integers(0, 4, size=3000)
@@ -257,12 +272,41 @@ def test_the_temperature_is_raised_until_readings_above_the_promotion_threshold_
         sure = (probabilities.max(axis=1) > 0.95) & (probabilities.argmax(axis=1) != 3)
         return float((probabilities.argmax(axis=1)[sure] == targets[sure]).mean())
 
+    def sure_counts(temperature: float) -> tuple[int, int]:
+        probabilities = softmax(logits / temperature, axis=1)
+        sure = (probabilities.max(axis=1) > 0.95) & (probabilities.argmax(axis=1) != 3)
+        return int((probabilities.argmax(axis=1)[sure] == targets[sure]).sum()), int(sure.sum())
+
     fitted = fit_temperature(logits, targets)
     assert sure_accuracy(fitted) < PROMOTION_ACCURACY
-    safe = promotion_safe(logits, targets, fitted, labels)
-    assert safe > fitted and sure_accuracy(safe) >= PROMOTION_ACCURACY
-    assert sure_accuracy(safe / 1.02) < PROMOTION_ACCURACY  # raised no further than needed
-    assert promotion_safe(logits, targets, safe, labels) == safe  # already safe: kept
+    safe, shown = promotion_safe(logits, targets, fitted, labels)
+    assert shown and safe > fitted and accuracy_bound(*sure_counts(safe)) >= PROMOTION_ACCURACY
+    assert sure_accuracy(safe) > PROMOTION_ACCURACY  # the bound asks for a margin above the point itself
+    assert accuracy_bound(*sure_counts(safe / 1.02)) < PROMOTION_ACCURACY  # raised no further than needed
+    assert promotion_safe(logits, targets, safe, labels) == (safe, True)  # already safe: kept
+
+
+def test_the_accuracy_bound_is_the_exact_one_sided_binomial_bound() -> None:
+    from scipy.stats import binom
+    from chatcache.intents.training import PROMOTION_ASSURANCE, accuracy_bound
+
+    for right, count in ((230, 230), (995, 1000), (60, 61)):
+        bound = accuracy_bound(right, count)
+        # At the bound, `right` or more of `count` happen with probability 1 - assurance.
+        assert binom.sf(right - 1, count, bound) == pytest.approx(1.0 - PROMOTION_ASSURANCE, rel=1e-6)
+    assert accuracy_bound(229, 229) < 0.99 <= accuracy_bound(230, 230)  # with none wrong, 230 sure readings show 99%
+    assert accuracy_bound(0, 5) == 0.0
+
+
+def test_too_few_held_out_examples_keep_the_first_temperature_right_99_percent_and_say_so() -> None:
+    from chatcache.intents.training import promotion_safe
+
+    targets = np.array([0] * 100 + [1] * 100)
+    logits = np.zeros((200, 2))
+    logits[np.arange(200), targets] = 6.0  # all right and sure at 1: too few to show 99% by the bound
+    assert promotion_safe(logits, targets, 1.0, ["a", "b"]) == (1.0, False)
+    logits[0] = [0.0, 6.0]  # one sure reading wrong: 99.5% right, still kept
+    assert promotion_safe(logits, targets, 1.0, ["a", "b"]) == (1.0, False)
 
 
 def test_a_familiar_message_below_the_confidence_floor_is_out_of_scope(trained) -> None:  # type: ignore[no-untyped-def]
