@@ -30,7 +30,7 @@ _DECLINE = re.compile(
     r"(?:(?:i|we)\s+(?:really\s+|actually\s+)?(?:don'?t|do\s+not|won'?t|will\s+not)\s+(?:want|need|wish)(?:\s+you)?\s+to"
     r"|(?:i|we)(?:\s+would|'d)\s+rather\s+not"
     r"|(?:there'?s\s+|there\s+is\s+)?no\s+need\s+(?:for\s+you\s+)?to)"
-    r"\s+(?P<request>[^,;:?!]+?)[\s.!]*$",
+    r"\s+(?P<request>[^,;:?!]+?)(?:\s+(?:any\s?more|any\s+longer|after\s+all|either))?[\s.!]*$",
     re.IGNORECASE,
 )
 _GOES_ON = re.compile(r"\b(?:but|instead|rather|just|only|except)\b", re.IGNORECASE)

@@ -26,6 +26,9 @@ from chatcache.dialog.requests import declined, two_requests
         ("I'd rather not block my card", "block my card"),
         ("I would rather not transfer money", "transfer money"),
         ("I don’t want to block my card", "block my card"),  # a phone's typographic apostrophe
+        ("I don't want to send money anymore", "send money"),  # what no longer holds is no part of the request
+        ("I don't want to send money any more.", "send money"),
+        ("I do not want to transfer it after all", "transfer it"),
     ],
 )
 def test_a_plain_decline_names_the_request_it_declines(text: str, declines: str) -> None:
