@@ -13,6 +13,12 @@ scheduler batches their decodes. Decode tokens/s is the reply tokens after each 
 over the seconds from the first first token to the last reply's end: one turn's decode rate at
 N = 1, the batch's aggregate at N = 8.
 
+The peer the issue names, transformers' own prompt-lookup decoding (`generate(...,
+prompt_lookup_num_tokens=K)`), runs on the N = 1 turns too (`transformers_prompt_lookup`): a
+plain copy of the same weights (no chatcache layer), the same conversation rendered by the
+model's chat template, greedy, its plain `generate` against its prompt-lookup one, alternated
+the same way.
+
 What it does not do: draft from cached answers. The engine passes the answer cache's nearest
 answers only when it has an answer cache, and an engine with one may serve a turn instead of
 writing it, or keep the plain reply and serve it to the drafted run. The drafts here are the
@@ -26,7 +32,12 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.generation.streamers import BaseStreamer
 
 from chatcache import ChatEngine, Message
 from chatcache.model.loading import ChatModel
@@ -154,3 +165,56 @@ def decode_rate(runs: Sequence[Sequence[Answer]]) -> float:
     tokens = sum(max(0, a.generated_tokens - 1) for run in runs for a in run)
     seconds = sum(max(a.ended_at for a in run) - min(a.first_token_at for a in run) for run in runs)
     return tokens / seconds if seconds > 0 else 0.0
+
+
+class TokenClock(BaseStreamer):
+    """Notes when `generate` pushes its first new tokens (its first push is the prompt) and its last."""
+
+    def __init__(self) -> None:
+        self.pushes = 0
+        self.first_token_at = 0.0
+        self.ended_at = 0.0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.pushes += 1
+        if self.pushes == 2:
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        self.ended_at = time.perf_counter()
+
+
+def transformers_prompt_lookup(
+    model_dir: str | Path, system_prompt: str, turns: Sequence[Turn], lookup_tokens: int, max_new_tokens: int
+) -> dict[str, Any]:
+    """transformers' greedy `generate` with prompt lookup (`lookup_tokens` a step) against without,
+    on `turns` one at a time, alternating which goes first: decode tokens/s (as `decode_rate`)
+    and whether the two replies are the same."""
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.train(False)
+    runs: dict[int, list[list[Answer]]] = {0: [], lookup_tokens: []}
+    for number, turn in enumerate(turns):
+        messages = [{"role": "system", "content": system_prompt}]
+        messages += [{"role": role, "content": text} for pair in turn.history for role, text in zip(("user", "assistant"), pair)]
+        text = tokenizer.apply_chat_template([*messages, {"role": "user", "content": turn.question}], tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        for lookup in (0, lookup_tokens) if number % 2 == 0 else (lookup_tokens, 0):
+            clock = TokenClock()
+            extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+            with torch.inference_mode():
+                out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, streamer=clock, **extra)
+            reply = out[0, ids.shape[1] :]
+            reply_text = str(tokenizer.decode(reply, skip_special_tokens=True))
+            runs[lookup].append([Answer(reply_text, len(reply), 0, 0, clock.first_token_at, clock.ended_at)])
+    plain, looked_up = runs[0], runs[lookup_tokens]
+    identical = sum(p[0].text == d[0].text for p, d in zip(plain, looked_up))
+    return {
+        "model": str(model_dir),
+        "lookup_tokens": lookup_tokens,
+        "turns": len(plain),
+        "plain_decode_tokens_per_s": round(decode_rate(plain), 3),
+        "prompt_lookup_decode_tokens_per_s": round(decode_rate(looked_up), 3),
+        "speedup": round(decode_rate(looked_up) / decode_rate(plain), 3) if decode_rate(plain) else None,
+        "identical_share": round(identical / len(plain), 3) if plain else None,
+    }

@@ -38,7 +38,8 @@ turns of (b) answered again greedily with drafts (`--draft-tokens` a step at mos
 without, alternated, one at a time (`--draft-turns`) and 8 at once (`--draft-batches` batches
 of 8): `draft_speedup_n1` and `draft_speedup_n8` (decode tokens/s drafted over plain),
 `draft_identical_share` (drafted replies equal to the plain ones) and `draft_accepted_share`
-(drafted tokens the model accepted).
+(drafted tokens the model accepted). The peer, transformers' own prompt-lookup decoding on the
+same N = 1 turns against its plain `generate`: `transformers_prompt_lookup_speedup_n1`.
 
     python -m bench.model_answered [--data ../shared/data] [--quick] [--visits 48] [--at-once 8]
         [--draft-tokens 8] [--draft-turns 16] [--draft-batches 2]
@@ -70,7 +71,7 @@ from chatcache import (
 from chatcache.dialog import BotDefinition, load_bot
 from chatcache.dialog.training import read_labelled
 from chatcache.evals.answer_cache import split_questions
-from chatcache.model.loading import ChatModel
+from chatcache.model.loading import ChatModel, bundled_chat_dir
 from chatcache.model.prompt import PromptRenderer
 
 from . import drafted_decode
@@ -443,6 +444,11 @@ def main() -> None:
                     run.section("served_against_model", agreement)
                     drafts = compare_drafted(engine, chat_model, records[name], args)
                     run.section("drafted_against_plain", drafts)
+                    # The peer on the same N = 1 turns: transformers' own prompt-lookup decoding.
+                    peer = drafted_decode.transformers_prompt_lookup(
+                        bundled_chat_dir(), bot.instructions, draft_turns(records[name], args.draft_turns), args.draft_tokens, args.max_new_tokens
+                    )
+                    run.section("transformers_prompt_lookup", peer)
             del engine
             gc.collect()  # the engine's KV (up to the budget) goes before the next one fills its own
     run.section("turns", {name: [asdict(r) | {"history": len(r.history)} for r in turns] for name, turns in records.items()})
@@ -460,6 +466,7 @@ def main() -> None:
         draft_speedup_n8=drafts["n8"]["speedup"],
         draft_identical_share=identical_share(drafts),
         draft_accepted_share=accepted_share(drafts),
+        transformers_prompt_lookup_speedup_n1=peer["speedup"],
         complete=True,  # every key is measured; served_equal_share is null only when no turn was served
     )
 

@@ -23,6 +23,17 @@ The weight products are most of the step (three quarters at 8 rows): fusing the 
 1.07x to 1.17x at 8 rows. The compiled step therefore also reads the weights oneDNN packed for
 few rows (`few_rows.use_packed_weights`, a second copy of them), which gains as much again.
 
+transformers routes some layers (the attention's rotary embedding) through the `kernels`
+package, which keeps the routing table in a variable that becomes one for the whole process
+while dynamo traces (`CompileableContextVar`; torch's "compiling" flag is the process's, not the
+thread's): an eager forward of the model on another thread during a compile (a long system
+prompt's prefill on the caller's thread, in `bench.concurrency`) wrote it under the trace, and
+the compile failed ("Guard failed on the same frame it was created"). chatcache loads no hub
+kernels, so the compiled model's layers are given their own forward back
+(`without_hub_kernel_routing`): neither the trace nor the model's eager forwards write that
+variable. (Another model with such layers, run eagerly on another thread during the warm-up,
+still could; chatcache's embedders have none.)
+
 Only the one-token step is compiled: a step feeding drafts stays eager. The scheduler's worker
 compiles every bucket it can use before its first request (`warm_up`): two graphs, since dynamo
 compiles the batch size as a dynamic dimension once it has seen a second one (one row, then one
@@ -41,6 +52,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from collections.abc import Callable
 
 import torch
@@ -54,6 +66,21 @@ from .few_rows import use_packed_weights
 from .grouped_attention import GROUPED_ATTENTION, use_grouped_attention
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+def without_hub_kernel_routing(model: torch.nn.Module) -> int:
+    """Give each of `model`'s layers that the `kernels` package wrapped (`use_kernelized_func`:
+    its instances hold `_kernel_funcs`) its class's own forward, and return how many there were.
+
+    The wrapper only routes calls to kernels loaded from the Hugging Face Hub, and chatcache
+    loads none: what the layer computes is the same (tests/engine/test_compiled_decode.py)."""
+    unwrapped = 0
+    for module in model.modules():
+        own = getattr(type(module).forward, "__wrapped__", None)
+        if own is not None and "_kernel_funcs" in vars(module):
+            module.forward = types.MethodType(own, module)
+            unwrapped += 1
+    return unwrapped
 
 
 def batch_bucket(rows: int) -> int:
@@ -118,6 +145,7 @@ class CompiledDecode:
         if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_data_dir() / "inductor")
         use_packed_weights(model)
+        without_hub_kernel_routing(model)
         self.model = model
         self._caches: dict[int, _BucketCache] = {}
         self._step: Callable[..., torch.Tensor] = torch.compile(self._logits)

@@ -153,3 +153,55 @@ def test_int8_precision_is_not_compiled(tiny_model_dir: Path) -> None:
     """int8's float64 attention has no compiled step: asking for both fails at load, not at the first turn."""
     with pytest.raises(ConfigError, match="compiled_decode"):
         load_chat_model(str(tiny_model_dir), precision="int8", compiled_decode=True)
+
+
+def test_a_compile_beside_eager_forwards_on_another_thread_succeeds(
+    tiny_model_dir: Path, inductor_cache: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """transformers' `kernels` routing keeps one variable for the whole process while dynamo
+    traces (torch's "compiling" flag is the process's, not the thread's): an eager forward of
+    the model on another thread (a long system prompt's prefill on the caller's thread) wrote
+    it under the trace and the warm-up failed. Here eager forwards of the same model run on a
+    thread through the whole compile; the warm-up must succeed and their logits stay the same."""
+    import threading
+
+    monkeypatch.setattr(compiled_decode, "BATCH_BUCKETS", (1, 2))
+    torch._dynamo.reset()
+    model = _model(tiny_model_dir)
+    ids = torch.tensor([PROMPTS[1]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    compiled = threading.Event()
+    forwards: list[torch.Tensor] = []
+
+    def eager_forwards() -> None:
+        with torch.no_grad():
+            while not compiled.is_set():
+                forwards.append(model(input_ids=ids).logits)
+
+    worker = threading.Thread(target=eager_forwards)
+    with caplog.at_level(logging.INFO, logger="chatcache"):
+        worker.start()
+        try:
+            scheduler = Scheduler(model, max_batch=2, compiled=True)
+            try:
+                request = scheduler.submit(DynamicCache(config=model.config), PROMPTS[0], GenerationConfig(max_new_tokens=3), eos_ids=set())
+                assert len(list(request)) == 3
+            finally:
+                scheduler.close()
+        finally:
+            compiled.set()
+            worker.join()
+    assert not [r for r in caplog.records if "compiling the decode step failed" in r.getMessage()]
+    assert any("compiled decode step ready for up to 2 rows in" in r.getMessage() for r in caplog.records)
+    # The packed weights the compile reads sum in another order: the same logits up to rounding.
+    assert len(forwards) > 1 and all(torch.allclose(logits, expected, atol=1e-4) for logits in forwards)
+
+
+def test_every_layer_the_kernels_package_wrapped_is_given_its_own_forward_back(tiny_model_dir: Path) -> None:
+    """If transformers stops wrapping layers, or wraps them another way, this says so."""
+    model = _model(tiny_model_dir)
+    wrapped = [m for m in model.modules() if "_kernel_funcs" in vars(m)]
+    assert wrapped  # the attention layers, today
+    assert compiled_decode.without_hub_kernel_routing(model) == len(wrapped)
+    assert all(m.forward.__func__ is type(m).forward.__wrapped__ for m in wrapped)  # type: ignore[attr-defined]
