@@ -209,12 +209,13 @@ def transformers_prompt_lookup(
             runs[lookup].append([Answer(reply_text, len(reply), 0, 0, clock.first_token_at, clock.ended_at)])
     plain, looked_up = runs[0], runs[lookup_tokens]
     identical = sum(p[0].text == d[0].text for p, d in zip(plain, looked_up))
+    plain_rate, looked_up_rate = decode_rate(plain), decode_rate(looked_up)
     return {
         "model": str(model_dir),
         "lookup_tokens": lookup_tokens,
         "turns": len(plain),
-        "plain_decode_tokens_per_s": round(decode_rate(plain), 3),
-        "prompt_lookup_decode_tokens_per_s": round(decode_rate(looked_up), 3),
-        "speedup": round(decode_rate(looked_up) / decode_rate(plain), 3) if decode_rate(plain) else None,
+        "plain_decode_tokens_per_s": round(plain_rate, 3),
+        "prompt_lookup_decode_tokens_per_s": round(looked_up_rate, 3),
+        "speedup": round(looked_up_rate / plain_rate, 3) if plain_rate else None,
         "identical_share": round(identical / len(plain), 3) if plain else None,
     }

@@ -30,7 +30,7 @@ def held_by_chatcache(snapshot: tracemalloc.Snapshot) -> int:
     what earlier tests left running on their threads is none of the engine's: a fresh-clone run
     counted 195 KiB over the last 60 sessions after the rest of the suite, against 38 KiB alone."""
     package = str(Path(chatcache.__file__).parent)
-    return sum(stat.size for stat in snapshot.filter_traces([tracemalloc.Filter(True, f"{package}/*")]).statistics("filename"))
+    return sum(trace.size for trace in snapshot.filter_traces([tracemalloc.Filter(True, f"{package}/*")]).traces)
 
 
 def per_session_sizes(engine) -> dict[str, int]:  # type: ignore[no-untyped-def]
