@@ -8,10 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from chatcache import ChatModel
-from chatcache.answer_cache import AnswerCacheConfig
-from chatcache.answer_cache.answering import AnswerScope, answer_scope
+from chatcache.answer_cache import AnswerCacheConfig, AnswerScope
 from chatcache.steering.hcac import TurnContext
-from chatcache.tiers.conversations import Conversation
 
 SYSTEM = "You are a helpful assistant."
 STORE_ALL = AnswerCacheConfig(max_entropy_bits=100.0)
@@ -48,7 +46,9 @@ def test_a_turn_drafts_from_a_near_cached_answer_and_replies_as_without(drafting
     assert drafting_model.tokenizer.encode(plain.text, add_special_tokens=False) == plain.token_ids
     drafting_model.scheduler.draft_tokens = 4
     engine = make_engine(drafting_model, system_prompt=SYSTEM, answer_cache=STORE_ALL, embedder=toy_embed)
-    assert engine.answer_cache.store(STORED_QUESTION, plain.text, engine.answers.base, entropy_bits=0.0, latency_ms=1.0)
+    engine.sessions.create("s")
+    where = engine.turns.answer_scope("s", QUESTION)  # the scope the session's next turn searches
+    assert where is not None and engine.answer_cache.store(STORED_QUESTION, plain.text, where.scope, entropy_bits=0.0, latency_ms=1.0)
     offered = _offered(engine, monkeypatch)
     drafted = engine.chat("s", QUESTION, max_new_tokens=12)
     assert not drafted.stats.answer_cache_hit  # the model wrote it
@@ -64,9 +64,11 @@ def test_another_users_follow_up_answer_is_never_a_draft(drafting_model, make_en
     drafting_model.scheduler.draft_tokens = 4
     engine = make_engine(drafting_model, system_prompt=SYSTEM, answer_cache=STORE_ALL, embedder=toy_embed)
     engine.chat("s", "Hello there.", max_new_tokens=4)
-    held = engine.sessions.open("s", create=False).conversation
-    conversation = Conversation("copy", system=held.system, turns=list(held.turns))
-    mine, theirs = (answer_scope(engine.answers.base, user, conversation, TurnContext(), QUESTION) for user in (engine.answers.user_id, "someone-else"))
+    # Another user of the same bot and model, after the same conversation.
+    other = make_engine(drafting_model, system_prompt=SYSTEM, answer_cache=STORE_ALL, embedder=toy_embed, user_id="someone-else")
+    other.chat("t", "Hello there.", max_new_tokens=4)
+    assert other.sessions.history("t") == engine.sessions.history("s")
+    mine, theirs = engine.turns.answer_scope("s", QUESTION), other.turns.answer_scope("t", QUESTION)
     assert mine is not None and theirs is not None and not theirs.across_users
     assert engine.answer_cache.store(QUESTION, "an answer only they may see", theirs.scope, entropy_bits=0.0, latency_ms=1.0)
     offered = _offered(engine, monkeypatch)

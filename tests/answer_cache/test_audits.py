@@ -119,8 +119,11 @@ def test_an_audit_whose_model_answers_otherwise_is_counted_wrong(tiny_model, mak
         )  # fmt: skip
 
     first = engine()
-    assert first.answer_cache.store("What is the capital of France?", "Paris is the capital of France.", first.answers.base, 1.0, 100)
-    reply = first.chat("a", "What is the capital of France?", max_new_tokens=8)
+    question = "What is the capital of France?"
+    first.sessions.create("a")
+    where = first.turns.answer_scope("a", question)  # where session a's next turn looks it up
+    assert where is not None and first.answer_cache.store(question, "Paris is the capital of France.", where.scope, 1.0, 100)
+    reply = first.chat("a", question, max_new_tokens=8)
     assert reply.stats.answer_cache_hit and reply.text == "Paris is the capital of France."
     stats = first.answer_cache.snapshot()
     assert (stats.audits, stats.audit_agreements, stats.audit_errors) == (1, 0, 1)

@@ -57,8 +57,10 @@ async def test_the_panel_shows_the_bound_then_the_audit_of_a_served_answer(tiny_
         tiny_model, system_prompt="You are a helpful assistant.", embedder=toy_embed,
         answer_cache=AnswerCacheConfig(max_error_rate=0.01, audit_rate=1.0), token_tier=TokenTierConfig(spill_dir=None),
     )  # fmt: skip
-    assert engine.answer_cache.store(QUESTION, "Paris is the capital of France.", engine.answers.base, 1.0, 100)
-    app = make_app(engine)
+    engine.sessions.create("chat")
+    where = engine.turns.answer_scope("chat", QUESTION)  # where the session's next turn looks it up
+    assert where is not None and engine.answer_cache.store(QUESTION, "Paris is the capital of France.", where.scope, 1.0, 100)
+    app = make_app(engine, session_id="chat")
     async with app.run_test(size=(120, 34)) as pilot:
         memory = str(app.query_one("#memory").render())
         assert "wrong     ≤ 1.0%, 95% sure\nexact repeats only\naudits    none yet" in memory

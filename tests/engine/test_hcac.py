@@ -114,24 +114,22 @@ def test_a_turn_writes_the_session_tier_twice_its_message_then_one_commit(bank, 
     assert sorted(engine.sessions.open("s", create=False).conversation.facts, key=lambda f: (f.kind, f.name)) == stored
 
 
-def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(bank, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_state_changed_outside_the_lease_fails_the_turn_and_stores_none_of_it(bank) -> None:  # type: ignore[no-untyped-def]
+    """Another writer changes the session's state while a turn runs (between its pieces): the
+    turn's commit fails, and nothing of the turn but the user's message is stored."""
     engine = bank()
     engine.chat("s", TRANSFER, max_new_tokens=8)
     facts = engine.store.facts("s")
-    understand = engine.coordinator.before_reply
-
-    def meddling(memory, *args):  # type: ignore[no-untyped-def]
+    with engine.stream("s", "yes, do it", max_new_tokens=8) as turn:
+        next(turn)  # the turn is under way: understood and serving
         stored = engine.sessions.get("s")
         engine.store.update_state("s", {**stored.state, "other_writer": 1}, stored.version)  # ignores the lease
-        return understand(memory, *args)
-
-    monkeypatch.setattr(engine.coordinator, "before_reply", meddling)
-    with pytest.raises(StaleVersionError):
-        engine.chat("s", "yes, do it", max_new_tokens=8)
+        with pytest.raises(StaleVersionError):
+            for _ in turn:
+                pass
     assert [m.role.value for m in engine.sessions.records("s")] == ["user", "assistant", "user"]
     assert engine.store.facts("s") == facts
     assert stored_flow_state(engine) == State.CONFIRMING
-    monkeypatch.undo()
     again = engine.chat("s", "yes, do it", max_new_tokens=8)  # rebuilt from the record, the flow goes on
     assert again.dialogue_state == "DONE" and len(engine.store.facts("s")) == 3
 

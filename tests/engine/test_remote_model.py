@@ -211,7 +211,7 @@ def test_entropy_from_top_log_probabilities() -> None:
     assert entropy_bits(tokens) == pytest.approx([1.0, 0.0])
 
 
-def test_replies_held_to_a_schema_on_the_server(remote: RemoteModel, tmp_path: Path) -> None:
+def test_replies_held_to_a_schema_on_the_server(remote: RemoteModel, llama_server: LlamaServer, tmp_path: Path) -> None:
     """llama-cpp-python's server refuses OpenAI's `json_schema` response format; the engine asks
     again the way it reads a schema, and every reply validates. A grammar it cannot send is refused."""
     import json
@@ -227,10 +227,15 @@ def test_replies_held_to_a_schema_on_the_server(remote: RemoteModel, tmp_path: P
         "additionalProperties": False,
     }
     engine = ChatEngine(remote, store=f"sqlite:///{tmp_path}/s.db")
+    mark = llama_server.mark()
     for turn, question in enumerate(["Describe Ada Lovelace as JSON.", "Who is Alan Turing?"]):
         reply = engine.chat(f"json{turn}", question, reply_format=ReplyFormat.json_schema(schema), max_new_tokens=64)
         jsonschema.validate(json.loads(reply.text), schema)
-    assert engine.runner.schema_in_json_object  # type: ignore[union-attr]
+    # The server's log: the first turn's json_schema refused (the client retries a 500 itself),
+    # then asked again the way the server reads a schema, which the second turn uses from the start.
+    statuses = [r.status for r in llama_server.requests_since(mark)]
+    refused, answered = statuses[:-2], statuses[-2:]
+    assert refused and all(status >= 400 for status in refused) and answered == [200, 200], statuses
     with pytest.raises(ConfigError, match="JSON schema only"):
         engine.stream("lark", "yes or no?", reply_format=ReplyFormat.lark('start: "yes" | "no"'))  # at once
     assert "lark" not in {s.id for s in engine.sessions.all()}  # nothing was recorded

@@ -68,7 +68,9 @@ def spill_then_reopen(make_engine, writer: ChatModel, reader: ChatModel, tmp_pat
     first = make_engine(writer, system_prompt=SYSTEM, answer_cache=True, embedder=_embed, **shared)
     first.chat("s", "Hello there", max_new_tokens=8)
     first.token_tier.unload("s")
-    assert first.answer_cache.store(QUESTION, CACHED_ANSWER, first.answers.base, entropy_bits=0.0, latency_ms=1.0)
+    first.sessions.create("q")
+    where = first.turns.answer_scope("q", QUESTION)  # where session q's next turn looks it up
+    assert where is not None and first.answer_cache.store(QUESTION, CACHED_ANSWER, where.scope, entropy_bits=0.0, latency_ms=1.0)
     first.close()
     return make_engine(reader, system_prompt=SYSTEM, answer_cache=True, embedder=_embed, **shared)
 

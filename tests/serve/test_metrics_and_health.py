@@ -132,9 +132,11 @@ def test_metrics_and_replies_show_the_answer_cache_bound_and_the_audits(serve) -
     live = serve(drift=False, answer_cache_max_error_rate=0.02, answer_cache_confidence=0.9, answer_cache_audit_rate=1.0)
     engine = live.app.state.server.tenants("default")
     question = "What is the capital of France?"
-    assert engine.answer_cache.store(question, "Paris is the capital of France.", engine.answers.base, 1.0, 100)
     body = {"model": live.model_id, "messages": [{"role": "user", "content": question}], "max_tokens": 6}
     with live.client() as http:
+        http.post("/v1/sessions", json={"id": "b1"}).raise_for_status()
+        where = engine.turns.answer_scope("default/b1", question)  # where session b1's next turn looks it up
+        assert where is not None and engine.answer_cache.store(question, "Paris is the capital of France.", where.scope, 1.0, 100)
         before = samples(http.get("/metrics").text)
         served = http.post("/v1/chat/completions", json=body, headers={"X-Session-Id": "b1"}).json()["chatcache"]
         after = samples(http.get("/metrics").text)
