@@ -103,20 +103,31 @@ def _isolated_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def bundled_model():  # type: ignore[no-untyped-def]
-    """The real SmolLM2-135M-Instruct, converted once into a data dir shared by the session's tests."""
+def shared_data_dir() -> Path:
+    """A data directory shared by the session's tests and later runs, for what takes long to make
+    once: the bundled model converted from its GGUF (about 20 s), compiled graphs."""
+    return Path(os.environ.get("CHATCACHE_TEST_MODELS", Path.home() / ".cache" / "chatcache-test"))
+
+
+@pytest.fixture(scope="session")
+def bundled_model_dir(shared_data_dir: Path) -> Path:
+    """The real SmolLM2-135M-Instruct's safetensors, converted once into the shared data dir."""
+    from chatcache.model.loading import bundled_chat_dir
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CHATCACHE_DATA_DIR", str(shared_data_dir))
+        return bundled_chat_dir()
+
+
+@pytest.fixture(scope="session")
+def bundled_model(shared_data_dir: Path):  # type: ignore[no-untyped-def]
+    """The real SmolLM2-135M-Instruct, loaded once for the session's tests (as "bundled", which
+    later loads by that name in the process are then given, whatever their data directory)."""
     from chatcache import load_chat_model
 
-    shared = Path(os.environ.get("CHATCACHE_TEST_MODELS", Path.home() / ".cache" / "chatcache-test"))
-    previous = os.environ.get("CHATCACHE_DATA_DIR")
-    os.environ["CHATCACHE_DATA_DIR"] = str(shared)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CHATCACHE_DATA_DIR", str(shared_data_dir))
         return load_chat_model("bundled", device="cpu")
-    finally:
-        if previous is None:
-            del os.environ["CHATCACHE_DATA_DIR"]
-        else:
-            os.environ["CHATCACHE_DATA_DIR"] = previous
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ The tests share one inductor cache on disk, as a server's restarts do.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,8 +36,10 @@ def _model(directory: Path) -> PreTrainedModel:
 
 def _replies(model: PreTrainedModel, compiled: bool, prompts: tuple[list[int], ...], new_tokens: int) -> list[list[int]]:
     """Greedy replies to `prompts`, all submitted at once to a scheduler of their own on `model`
-    (a compiled one packs its weights, which the eager step then reads too: eager goes first)."""
-    scheduler = Scheduler(model, compiled=compiled)
+    (a compiled one packs its weights, which the eager step then reads too: eager goes first).
+    It runs at most as many rows as there are prompts, so that its warm-up compiles only the
+    buckets they use (one, under `one_bucket`), not those of the default batch as well."""
+    scheduler = Scheduler(model, max_batch=len(prompts), compiled=compiled)
     try:
         params = GenerationConfig(max_new_tokens=new_tokens)
         requests = [scheduler.submit(DynamicCache(config=model.config), prompt, params, eos_ids=set()) for prompt in prompts]
@@ -48,15 +49,14 @@ def _replies(model: PreTrainedModel, compiled: bool, prompts: tuple[list[int], .
 
 
 @pytest.fixture(scope="module")
-def inductor_cache() -> Iterator[None]:
+def inductor_cache(shared_data_dir: Path) -> Iterator[None]:
     """Inductor's cache on disk, none of the user's: beside the bundled model converted for the
     tests (`CHATCACHE_TEST_MODELS`), so that a later run loads what an earlier one compiled, as a
     server's restart does (compiling the bundled model's step takes about a minute, loading it
     about 10 s). Its entries are keyed by the graph, torch's version and inductor's settings, so
     a change to any of them compiles again."""
-    shared = Path(os.environ.get("CHATCACHE_TEST_MODELS", Path.home() / ".cache" / "chatcache-test"))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared / "inductor"))
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared_data_dir / "inductor"))
         yield
 
 
@@ -128,11 +128,9 @@ def test_warm_up_compiles_every_bucket_before_the_first_step(
 
 
 @pytest.mark.bundled
-def test_compiled_greedy_replies_equal_eager_ones_on_the_bundled_model(one_bucket: None) -> None:
+def test_compiled_greedy_replies_equal_eager_ones_on_the_bundled_model(bundled_model_dir: Path, one_bucket: None) -> None:
     """On the bundled model, 24 tokens of two requests: the replies eager decoding gives."""
-    from chatcache.model.loading import bundled_chat_dir
-
-    model = _model(bundled_chat_dir())
+    model = _model(bundled_model_dir)
     prompts = (PROMPTS[1], PROMPTS[2])
     eager = _replies(model, False, prompts, 24)
     compiled = _replies(model, True, prompts, 24)
