@@ -20,6 +20,7 @@ model is not run. After the reply, `after_reply` closes an action the flow reach
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -46,6 +47,8 @@ from chatcache.dialog import (
 from ..tiers.conversations import Conversation, Conversations
 from .drift import DriftConfig, DriftDetector, is_low_information, returns_to_dropped
 from .session_memory import SessionMemory
+
+log = logging.getLogger(__name__)
 
 Embed = Callable[[list[str]], np.ndarray]
 
@@ -187,6 +190,12 @@ class ContextCoordinator:
         config = drift if isinstance(drift, DriftConfig) else DriftConfig() if drift else None
         if config is not None and not bundled_embedder:
             config = replace(config, model=None)
+        if config is not None:  # said once, so that a user with an embedder of their own learns which decides
+            log.info(
+                "drift is decided by %s",
+                f"the learned model {config.model.name}" if config.model is not None
+                else "the hand-built rule (the learned model reads the bundled embedder's similarities only)",
+            )
         return cls(conversations, embed, bot, config, promote_threshold, reader)
 
     def before_reply(self, memory: SessionMemory, text: str, turn_id: str) -> TurnContext:

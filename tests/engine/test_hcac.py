@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatcache import TokenTierConfig, TurnTierConfig
-from chatcache.steering.drift_model import SHIPPED_MODEL, load_model
+from chatcache.steering.drift_model import SHIPPED_MODEL
 from chatcache.dialog import State
 from chatcache.tiers.conversations import stored_dialogue
 from chatcache.storage import SessionStore, StaleVersionError
@@ -211,11 +212,17 @@ def test_a_new_process_judges_drift_against_the_stored_topic(bank) -> None:  # t
 
 
 @pytest.mark.bundled
-def test_drift_is_decided_by_the_learned_model_with_the_bundled_embedder_only(bank, make_engine, tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The shipped model reads the bundled MiniLM's similarities: with another embedder the rule decides."""
-    assert bank(drift=True).coordinator.drift.model is None
-    engine = make_engine(tiny_model, drift=True, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv-bundled"))
-    assert engine.coordinator.drift.model is load_model(SHIPPED_MODEL)
+def test_drift_is_decided_by_the_learned_model_with_the_bundled_embedder_only(  # type: ignore[no-untyped-def]
+    bank, make_engine, tiny_model, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shipped model reads the bundled MiniLM's similarities: with another embedder the rule
+    decides, and each engine says which when it starts."""
+    with caplog.at_level(logging.INFO, logger="chatcache"):
+        bank(drift=True)
+        make_engine(tiny_model, drift=True, token_tier=TokenTierConfig(spill_dir=tmp_path / "kv-bundled"))
+    said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("drift is decided by")]
+    assert said == ["drift is decided by the hand-built rule (the learned model reads the bundled embedder's similarities only)",
+                    f"drift is decided by the learned model {SHIPPED_MODEL.name}"]  # fmt: skip
 
 
 def test_upkeep_drops_expired_turn_tier_entries_of_live_sessions(bank) -> None:  # type: ignore[no-untyped-def]
